@@ -1,0 +1,43 @@
+# choreo: every set-up step lives here so a fresh machine needs only `make demo` or `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export VIRTUAL_ENV := $(abspath $(VENV))
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: setup engine test test-fast lint bench demo clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.deps: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+# The compiled engine: cargo rebuilds only what changed.
+engine: $(VENV)/.deps
+	$(BIN)/maturin develop --release --quiet -m synthesizer/engine/Cargo.toml
+
+setup: engine
+
+test: setup
+	$(BIN)/pytest -q
+
+test-fast: setup
+	$(BIN)/pytest -q -m "not e2e and not slow"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	cargo clippy --quiet --manifest-path synthesizer/engine/Cargo.toml -- -D warnings
+
+bench: setup
+	$(BIN)/choreo bench
+
+demo: setup
+	$(BIN)/choreo synthesize --topology 3d-rfs-64 --collective allreduce --size 1GiB --out out/demo
+
+clean:
+	rm -rf $(VENV) synthesizer/engine/target out

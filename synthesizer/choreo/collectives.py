@@ -1,0 +1,149 @@
+"""Collectives as chunk-level pre- and postconditions.
+
+A ``Demand`` is one tenant's collective: which NPUs take part (in rank order), how many bytes
+(the nccl-tests convention for ``size``), and how many chunks each rank's piece is cut into.
+Chunk ids are dense per demand; ``origins``/``destinations`` say where each chunk starts and
+where it must end. For combining collectives every rank contributes to every chunk and the
+destinations must hold the reduction of all contributions, each exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from choreo.errors import InputError
+
+MAX_SIZE = 1 << 40  # 1 TiB: larger requests are a typo, not a workload
+
+
+class Collective(StrEnum):
+    ALLGATHER = "allgather"
+    REDUCESCATTER = "reducescatter"
+    ALLREDUCE = "allreduce"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    GATHER = "gather"
+    SCATTER = "scatter"
+    ALLTOALL = "alltoall"
+
+    @property
+    def combining(self) -> bool:
+        return self in (Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.REDUCE)
+
+    @property
+    def rooted(self) -> bool:
+        return self in (Collective.BROADCAST, Collective.REDUCE, Collective.GATHER, Collective.SCATTER)
+
+    @classmethod
+    def parse(cls, text: str, where: str = "collective") -> Collective:
+        key = text.strip().lower().replace("-", "").replace("_", "")
+        for c in cls:
+            if c.value == key:
+                return c
+        known = ", ".join(c.value for c in cls)
+        raise InputError(f"{where}: unknown collective {text!r} (known: {known})")
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One tenant's collective over ``ranks`` (NPU ids, rank order)."""
+
+    collective: Collective
+    ranks: tuple[int, ...]
+    size: int
+    chunks: int = 1
+    root: int = 0
+    weight: float = 1.0
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"tenant {self.name!r}" if self.name else "demand"
+        if len(self.ranks) < 2:
+            raise InputError(f"{where}.ranks: a collective needs at least 2 NPUs, got {len(self.ranks)}")
+        if len(set(self.ranks)) != len(self.ranks):
+            raise InputError(f"{where}.ranks: an NPU is listed twice")
+        if not 0 < self.size <= MAX_SIZE:
+            raise InputError(f"{where}.size: must be in 1 B .. 1 TiB, got {self.size}")
+        if self.chunks < 1:
+            raise InputError(f"{where}.chunks: must be at least 1, got {self.chunks}")
+        if not 0 <= self.root < len(self.ranks):
+            raise InputError(f"{where}.root: rank {self.root} is not in 0..{len(self.ranks) - 1}")
+        if not self.weight > 0:
+            raise InputError(f"{where}.weight: must be positive, got {self.weight}")
+
+    @property
+    def n(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def num_chunks(self) -> int:
+        c, n = self.collective, self.n
+        if c in (Collective.BROADCAST, Collective.REDUCE):
+            return self.chunks
+        if c is Collective.ALLTOALL:
+            return n * n * self.chunks
+        return n * self.chunks
+
+    @property
+    def chunk_bytes(self) -> float:
+        """Bytes in one chunk, from the nccl-tests meaning of ``size``."""
+        return self.size / self.num_chunks
+
+    def origins(self, chunk: int) -> tuple[int, ...]:
+        """Ranks holding (a contribution to) the chunk before the collective starts."""
+        c = self.collective
+        if c.combining:
+            return tuple(range(self.n))
+        if c in (Collective.BROADCAST, Collective.SCATTER):
+            return (self.root,)
+        if c is Collective.ALLTOALL:
+            return (chunk // (self.n * self.chunks),)
+        return (chunk // self.chunks,)  # allgather, gather
+
+    def destinations(self, chunk: int) -> tuple[int, ...]:
+        """Ranks that must hold the final chunk when the collective ends."""
+        c = self.collective
+        if c in (Collective.ALLGATHER, Collective.ALLREDUCE, Collective.BROADCAST):
+            return tuple(range(self.n))
+        if c in (Collective.REDUCE, Collective.GATHER):
+            return (self.root,)
+        if c is Collective.ALLTOALL:
+            return ((chunk // self.chunks) % self.n,)
+        return (chunk // self.chunks,)  # reducescatter, scatter
+
+    def bus_factor(self) -> float:
+        """NCCL's busbw = algbw * factor (nccl-tests PERFORMANCE.md)."""
+        n = self.n
+        c = self.collective
+        if c is Collective.ALLREDUCE:
+            return 2 * (n - 1) / n
+        if c in (Collective.BROADCAST, Collective.REDUCE):
+            return 1.0
+        return (n - 1) / n
+
+
+def parse_size(text: str | int, where: str = "size") -> int:
+    """Parse ``1GiB``, ``512MB``, ``4096`` into bytes; reject zero, negatives and > 1 TiB."""
+    if isinstance(text, int):
+        value = text
+    else:
+        units = {
+            "": 1, "b": 1,
+            "k": 1000, "kb": 1000, "kib": 1 << 10,
+            "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+            "g": 1000**3, "gb": 1000**3, "gib": 1 << 30,
+            "t": 1000**4, "tb": 1000**4, "tib": 1 << 40,
+        }
+        s = text.strip().lower().replace(" ", "")
+        num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = s[len(num):]
+        if unit not in units or not num:
+            raise InputError(f"{where}: cannot read {text!r} as a size (e.g. 64MiB, 1GiB, 4096)")
+        try:
+            value = int(float(num) * units[unit])
+        except ValueError:
+            raise InputError(f"{where}: cannot read {text!r} as a size") from None
+    if not 0 < value <= MAX_SIZE:
+        raise InputError(f"{where}: must be in 1 B .. 1 TiB, got {text!r}")
+    return value

@@ -1,0 +1,255 @@
+"""The one fabric type of choreo: NPUs, switches and directed links with alpha-beta costs.
+
+Every engine, the verifier, the simulator, the MSCCL lowering, the gRPC service and the
+operator speak this type. Node ids are dense integers; an NPU's id is its global rank in
+the fabric. A link may be *logical* (built by unwinding a switch): its ``via`` names the
+physical links, in the parent topology, that it rides on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from choreo.errors import InputError
+
+LINK_KINDS = ("nvlink", "nvswitch", "pcie", "ib", "roce", "ethernet", "optical", "xgmi", "generic")
+
+
+class NodeKind(StrEnum):
+    NPU = "npu"
+    SWITCH = "switch"
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A directed link. ``alpha`` in seconds, ``bandwidth`` in bytes per second."""
+
+    src: int
+    dst: int
+    alpha: float
+    bandwidth: float
+    kind: str = "generic"
+    healthy: bool = True
+    via: tuple[int, ...] = ()
+
+    @property
+    def beta(self) -> float:
+        """Inverse bandwidth, seconds per byte."""
+        return 1.0 / self.bandwidth
+
+    def cost(self, nbytes: float) -> float:
+        """Time to move ``nbytes`` over this link alone: alpha + beta * n."""
+        return self.alpha + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A fabric: ``kinds[i]`` says whether node ``i`` is an NPU or a switch.
+
+    ``failed`` holds nodes that are present but dead; no schedule may touch them.
+    ``names`` optionally labels nodes (for example ``node-3/gpu5``) for operators and agents.
+    """
+
+    name: str
+    kinds: tuple[NodeKind, ...]
+    links: tuple[Link, ...]
+    failed: frozenset[int] = frozenset()
+    names: tuple[str, ...] = ()
+    dims: tuple[int, ...] = ()
+    _out: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
+    _in: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.kinds)
+        out: list[list[int]] = [[] for _ in range(n)]
+        inc: list[list[int]] = [[] for _ in range(n)]
+        for i, link in enumerate(self.links):
+            out[link.src].append(i)
+            inc[link.dst].append(i)
+        object.__setattr__(self, "_out", tuple(tuple(x) for x in out))
+        object.__setattr__(self, "_in", tuple(tuple(x) for x in inc))
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return len(self.kinds)
+
+    @property
+    def npus(self) -> list[int]:
+        """Live NPUs in id order."""
+        return [i for i, k in enumerate(self.kinds) if k is NodeKind.NPU and i not in self.failed]
+
+    @property
+    def all_npus(self) -> list[int]:
+        return [i for i, k in enumerate(self.kinds) if k is NodeKind.NPU]
+
+    @property
+    def switches(self) -> list[int]:
+        return [i for i, k in enumerate(self.kinds) if k is NodeKind.SWITCH]
+
+    def is_npu(self, node: int) -> bool:
+        return self.kinds[node] is NodeKind.NPU
+
+    def usable(self, link_index: int) -> bool:
+        """A link carries traffic only if it is healthy and both ends are alive."""
+        link = self.links[link_index]
+        return link.healthy and link.src not in self.failed and link.dst not in self.failed
+
+    def out_links(self, node: int) -> tuple[int, ...]:
+        return self._out[node]
+
+    def in_links(self, node: int) -> tuple[int, ...]:
+        return self._in[node]
+
+    def usable_links(self) -> list[int]:
+        return [i for i in range(len(self.links)) if self.usable(i)]
+
+    def ingress_bandwidth(self, node: int) -> float:
+        return sum(self.links[i].bandwidth for i in self._in[node] if self.usable(i))
+
+    def egress_bandwidth(self, node: int) -> float:
+        return sum(self.links[i].bandwidth for i in self._out[node] if self.usable(i))
+
+    def node_name(self, node: int) -> str:
+        return self.names[node] if self.names else f"{self.kinds[node].value}{node}"
+
+    def fingerprint(self) -> str:
+        """Content hash: equal fabrics give equal fingerprints (used for caching)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    # ---- (de)serialization ---------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "name": self.name,
+            "nodes": [
+                {"kind": k.value, **({"name": self.names[i]} if self.names else {})}
+                for i, k in enumerate(self.kinds)
+            ],
+            "links": [_link_to_dict(link) for link in self.links],
+        }
+        if self.failed:
+            doc["failed"] = sorted(self.failed)
+        if self.dims:
+            doc["dims"] = list(self.dims)
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], where: str = "topology") -> Topology:
+        """Build from the documented format; the JSON Schema check lives in ``topofile``."""
+        nodes = doc["nodes"]
+        kinds = tuple(NodeKind(n.get("kind", "npu")) for n in nodes)
+        names = tuple(n["name"] for n in nodes) if nodes and all("name" in n for n in nodes) else ()
+        links = tuple(_link_from_dict(x) for x in doc["links"])
+        topo = cls(
+            name=doc.get("name", "custom"),
+            kinds=kinds,
+            links=links,
+            failed=frozenset(doc.get("failed", ())),
+            names=names,
+            dims=tuple(doc.get("dims", ())),
+        )
+        topo.validate(where)
+        return topo
+
+    # ---- validation ----------------------------------------------------------------------
+    def validate(self, where: str = "topology") -> None:
+        """Reject fabrics no engine can work with, naming the offending field."""
+        n = self.num_nodes
+        if n == 0:
+            raise InputError(f"{where}.nodes: the fabric has no nodes")
+        if self.names and len(self.names) != n:
+            raise InputError(f"{where}.nodes: {len(self.names)} names for {n} nodes")
+        for i, link in enumerate(self.links):
+            at = f"{where}.links[{i}]"
+            for end in ("src", "dst"):
+                v = getattr(link, end)
+                if not 0 <= v < n:
+                    raise InputError(f"{at}.{end}: node {v} does not exist (0..{n - 1})")
+            if link.src == link.dst:
+                raise InputError(f"{at}: a link from node {link.src} to itself")
+            if not link.bandwidth > 0:
+                raise InputError(f"{at}.bandwidth: must be positive, got {link.bandwidth}")
+            if not link.alpha >= 0:
+                raise InputError(f"{at}.alpha: must be non-negative, got {link.alpha}")
+        for v in self.failed:
+            if not 0 <= v < n:
+                raise InputError(f"{where}.failed: node {v} does not exist")
+
+    def check_connected(self, npus: Sequence[int], where: str = "topology") -> None:
+        """Every NPU in ``npus`` must reach every other over usable links (relays allowed)."""
+        for v in npus:
+            if v in self.failed:
+                raise InputError(f"{where}: NPU {self.node_name(v)} has failed")
+            if not any(self.usable(i) for i in self._in[v]) or not any(
+                self.usable(i) for i in self._out[v]
+            ):
+                raise InputError(f"{where}: NPU {self.node_name(v)} has no usable links")
+        if not npus:
+            return
+        for reach in (self._reach(npus[0], forward=True), self._reach(npus[0], forward=False)):
+            missing = [v for v in npus if v not in reach]
+            if missing:
+                shown = ", ".join(self.node_name(v) for v in missing[:8])
+                raise InputError(
+                    f"{where}: disconnected: NPU {self.node_name(npus[0])} cannot exchange data "
+                    f"with {len(missing)} NPU(s) ({shown}{', ...' if len(missing) > 8 else ''})"
+                )
+
+    def _reach(self, start: int, forward: bool) -> set[int]:
+        seen = {start}
+        stack = [start]
+        while stack:
+            v = stack.pop()
+            for i in self._out[v] if forward else self._in[v]:
+                if not self.usable(i):
+                    continue
+                link = self.links[i]
+                w = link.dst if forward else link.src
+                if w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        return seen
+
+    # ---- construction helpers ------------------------------------------------------------
+    def with_links(self, links: Iterable[Link], name: str | None = None) -> Topology:
+        return replace(self, links=tuple(links), name=name or self.name)
+
+
+def _link_to_dict(link: Link) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "src": link.src,
+        "dst": link.dst,
+        "alpha": link.alpha,
+        "bandwidth": link.bandwidth,
+        "kind": link.kind,
+    }
+    if not link.healthy:
+        doc["healthy"] = False
+    if link.via:
+        doc["via"] = list(link.via)
+    return doc
+
+
+def _link_from_dict(doc: dict[str, Any]) -> Link:
+    return Link(
+        src=int(doc["src"]),
+        dst=int(doc["dst"]),
+        alpha=float(doc.get("alpha", 0.0)),
+        bandwidth=float(doc["bandwidth"]),
+        kind=str(doc.get("kind", "generic")),
+        healthy=bool(doc.get("healthy", True)),
+        via=tuple(doc.get("via", ())),
+    )
+
+
+def duplex(
+    a: int, b: int, alpha: float, bandwidth: float, kind: str = "generic"
+) -> tuple[Link, Link]:
+    """Both directions of a full-duplex cable."""
+    return Link(a, b, alpha, bandwidth, kind), Link(b, a, alpha, bandwidth, kind)
