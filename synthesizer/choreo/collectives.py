@@ -10,7 +10,10 @@ destinations must hold the reduction of all contributions, each exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from enum import StrEnum
+
+import numpy as np
 
 from choreo.errors import InputError
 
@@ -92,25 +95,37 @@ class Demand:
 
     def origins(self, chunk: int) -> tuple[int, ...]:
         """Ranks holding (a contribution to) the chunk before the collective starts."""
-        c = self.collective
-        if c.combining:
-            return tuple(range(self.n))
-        if c in (Collective.BROADCAST, Collective.SCATTER):
-            return (self.root,)
-        if c is Collective.ALLTOALL:
-            return (chunk // (self.n * self.chunks),)
-        return (chunk // self.chunks,)  # allgather, gather
+        o = self.single_origin
+        return tuple(range(self.n)) if o is None else (int(o[chunk]),)
 
     def destinations(self, chunk: int) -> tuple[int, ...]:
         """Ranks that must hold the final chunk when the collective ends."""
-        c = self.collective
-        if c in (Collective.ALLGATHER, Collective.ALLREDUCE, Collective.BROADCAST):
-            return tuple(range(self.n))
-        if c in (Collective.REDUCE, Collective.GATHER):
-            return (self.root,)
+        d = self.single_destination
+        return tuple(range(self.n)) if d is None else (int(d[chunk]),)
+
+    @cached_property
+    def single_origin(self) -> np.ndarray | None:
+        """Per chunk its one origin rank, or None when every rank holds a part of every chunk."""
+        c, k = self.collective, np.arange(self.num_chunks)
+        if c.combining:
+            return None
+        if c in (Collective.BROADCAST, Collective.SCATTER):
+            return np.full(self.num_chunks, self.root)
         if c is Collective.ALLTOALL:
-            return ((chunk // self.chunks) % self.n,)
-        return (chunk // self.chunks,)  # reducescatter, scatter
+            return k // (self.n * self.chunks)
+        return k // self.chunks
+
+    @cached_property
+    def single_destination(self) -> np.ndarray | None:
+        """Per chunk its one destination rank, or None when every rank needs every chunk."""
+        c, k = self.collective, np.arange(self.num_chunks)
+        if c in (Collective.ALLGATHER, Collective.ALLREDUCE, Collective.BROADCAST):
+            return None
+        if c in (Collective.REDUCE, Collective.GATHER):
+            return np.full(self.num_chunks, self.root)
+        if c is Collective.ALLTOALL:
+            return (k // self.chunks) % self.n
+        return k // self.chunks
 
     def bus_factor(self) -> float:
         """NCCL's busbw = algbw * factor (nccl-tests PERFORMANCE.md)."""

@@ -1,0 +1,252 @@
+"""Greedy synthesis of one or more tenants' collectives on one fabric (the TACOS method).
+
+Non-combining collectives (AllGather, Broadcast, Gather, Scatter, AllToAll) are matched
+directly. Combining ones are synthesized as their non-combining inverse on the reversed
+links and then inverted in time (SCCL/TACOS): ReduceScatter from AllGather, Reduce from
+Broadcast; AllReduce is that ReduceScatter followed by an AllGather whose chunks start as
+soon as their reduction is complete. All tenants are matched jointly in each phase, so no
+link is booked twice. Fabrics with switches are unwound into point-to-point links for a few
+degrees and the fastest result is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from choreo.collectives import Collective, Demand
+from choreo.errors import InfeasibleError, InputError
+from choreo.schedule import Op, Schedule
+from choreo.topology import Topology
+
+# Each chunk should be large against alpha * bandwidth, or per-transfer latency dominates.
+CHUNK_ALPHA_FACTOR = 50.0
+MAX_TOTAL_CHUNKS = 8192
+
+
+@dataclass(frozen=True)
+class SynthOptions:
+    """Knobs of the greedy engine; the defaults suit interactive use."""
+
+    restarts: int = 4
+    seed: int = 0
+    replacement: bool = True
+    relay: bool = True
+    degrees: tuple[int, ...] | None = None
+    progress: Callable[[str], None] | None = field(default=None, compare=False)
+
+
+def auto_chunks(topology: Topology, collective: Collective, size: int, n: int) -> int:
+    """Chunks per rank piece: as many as keep each chunk >> alpha * bandwidth, within bounds."""
+    links = [topology.links[i] for i in topology.usable_links()]
+    if not links:
+        return 1
+    latency_bytes = max(link.alpha * link.bandwidth for link in links)
+    piece = size / (1 if collective in (Collective.BROADCAST, Collective.REDUCE) else n)
+    if collective is Collective.ALLTOALL:
+        piece = size / (n * n)
+    if latency_bytes <= 0:
+        chunks = 4
+    else:
+        chunks = int(piece // (CHUNK_ALPHA_FACTOR * latency_bytes))
+    per_piece_cap = max(1, MAX_TOTAL_CHUNKS // max(1, n if collective is not Collective.ALLTOALL
+                                                     else n * n))
+    return max(1, min(chunks, 8, per_piece_cap))
+
+
+def check_demands(fabric: Topology, demands: Sequence[Demand], relay: bool) -> None:
+    """Every tenant's NPUs must exist, be alive NPUs and be mutually reachable."""
+    if not demands:
+        raise InputError("tenants: at least one collective is needed")
+    for t, d in enumerate(demands):
+        where = f"tenants[{t}]" + (f" ({d.name})" if d.name else "")
+        for r in d.ranks:
+            if not 0 <= r < fabric.num_nodes or not fabric.is_npu(r):
+                raise InputError(f"{where}.ranks: {r} is not an NPU of fabric {fabric.name!r}")
+            if r in fabric.failed:
+                raise InfeasibleError(f"{where}.ranks: NPU {fabric.node_name(r)} has failed")
+        view = fabric if relay else _restrict(fabric, set(d.ranks))
+        try:
+            view.check_connected(list(d.ranks), where)
+        except InputError as err:
+            raise InfeasibleError(str(err)) from None
+
+
+def synthesize(
+    fabric: Topology, demands: Sequence[Demand], options: SynthOptions | None = None
+) -> Schedule:
+    """Jointly synthesize every demand on ``fabric``; the best of several tries is returned."""
+    opts = options or SynthOptions()
+    demands = tuple(demands)
+    check_demands(fabric, demands, opts.relay)
+    best: Schedule | None = None
+    for topology in _logical_views(fabric, opts):
+        if not opts.relay:
+            topology = _restrict(topology, {r for d in demands for r in d.ranks})
+        sched = _synthesize_on(fabric, topology, demands, opts)
+        if best is None or sched.makespan < best.makespan:
+            best = sched
+    assert best is not None
+    return best
+
+
+def _logical_views(fabric: Topology, opts: SynthOptions) -> list[Topology]:
+    if not fabric.switches:
+        return [fabric]
+    from choreo.unwind import candidate_degrees, unwind
+
+    ports = max(
+        sum(1 for i in fabric.out_links(s) if fabric.is_npu(fabric.links[i].dst))
+        for s in fabric.switches
+    )
+    degrees = opts.degrees or tuple(candidate_degrees(max(ports, 2)))
+    return [unwind(fabric, d) for d in degrees]
+
+
+def _restrict(topology: Topology, npus: set[int]) -> Topology:
+    """Only links between the given NPUs: no other NPU may relay."""
+    keep = [link for link in topology.links if link.src in npus and link.dst in npus]
+    return topology.with_links(keep)
+
+
+# ---- one synthesis on a switch-free logical topology --------------------------------------
+
+
+class _Phase:
+    """The chunks of one matching phase, flattened across tenants as engine columns."""
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, tenant: int, d: Demand, holder: np.ndarray | None, targets: np.ndarray | None,
+            ready: np.ndarray | None = None) -> None:
+        """``holder``/``targets``: one rank per chunk, or None for every rank of the tenant."""
+        ranks, k = np.asarray(d.ranks, dtype=np.uint32), d.num_chunks
+        h_count, h_node = _expand(ranks, k, holder)
+        t_count, t_node = _expand(ranks, k, targets)
+        h_time = np.repeat(np.zeros(k) if ready is None else ready, h_count)
+        self.blocks.append((np.full(k, tenant, dtype=np.uint32), np.arange(k, dtype=np.int32),
+                            h_count, h_node, h_time, t_count, t_node))
+
+    def column(self, i: int) -> np.ndarray:
+        return np.concatenate([b[i] for b in self.blocks])
+
+    def __len__(self) -> int:
+        return sum(len(b[0]) for b in self.blocks)
+
+
+def _expand(ranks: np.ndarray, k: int, single: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    if single is None:
+        return np.full(k, len(ranks), dtype=np.int64), np.tile(ranks, k)
+    return np.ones(k, dtype=np.int64), ranks[single]
+
+
+def _synthesize_on(
+    fabric: Topology, topology: Topology, demands: tuple[Demand, ...], opts: SynthOptions
+) -> Schedule:
+    usable = np.array(topology.usable_links(), dtype=np.int64)
+    order = _tenant_order(demands)
+    # Phase 1: combining tenants as the inverse non-combining collective on reversed links.
+    reversed_phase = _Phase()
+    for t in order:
+        d = demands[t]
+        if d.collective is Collective.ALLREDUCE:
+            reversed_phase.add(t, d, _owners(d), None)
+        elif d.collective.combining:
+            reversed_phase.add(t, d, d.single_destination, None)
+    parts: list[Schedule] = []
+    link_free = np.zeros(len(topology.links))
+    reduced: Schedule | None = None
+    if len(reversed_phase):
+        plan = _run(topology, usable, demands, reversed_phase, link_free, reverse=True, opts=opts)
+        span = plan["makespan"]
+        reduced = _to_schedule(fabric, topology, demands, reversed_phase, plan, Op.REDUCE,
+                               start=span - plan["end"], end=span - plan["start"])
+        parts.append(reduced)
+        np.maximum.at(link_free, reduced.link, reduced.end)
+    # Phase 2: non-combining tenants and the all-gather half of AllReduce.
+    forward = _Phase()
+    for t in order:
+        d = demands[t]
+        if d.collective is Collective.ALLREDUCE:
+            forward.add(t, d, _owners(d), None, ready=_reduced_at(reduced, t, d))
+        elif not d.collective.combining:
+            forward.add(t, d, d.single_origin, d.single_destination)
+    if len(forward):
+        plan = _run(topology, usable, demands, forward, link_free, reverse=False, opts=opts)
+        parts.append(_to_schedule(fabric, topology, demands, forward, plan, Op.COPY))
+    sched = Schedule.concat(parts, engine="greedy").sorted()
+    sched.meta.update({"restarts": opts.restarts, "seed": opts.seed,
+                       "topology": topology.name, "links": len(topology.links)})
+    return sched
+
+
+def _owners(d: Demand) -> np.ndarray:
+    """AllReduce: the rank that completes each chunk's reduction and starts its all-gather."""
+    return np.arange(d.num_chunks) // d.chunks
+
+
+def _reduced_at(reduced: Schedule | None, tenant: int, d: Demand) -> np.ndarray:
+    """When each chunk's reduction completes at its owner (its all-gather may start then)."""
+    ready = np.zeros(d.num_chunks)
+    if reduced is None:
+        return ready
+    mine = reduced.tenant == tenant
+    chunk, dst, end = reduced.chunk[mine], reduced.dst[mine], reduced.end[mine]
+    owner_npu = np.asarray(d.ranks)[_owners(d)[chunk]]
+    at_owner = dst == owner_npu
+    np.maximum.at(ready, chunk[at_owner], end[at_owner])
+    return ready
+
+
+def _tenant_order(demands: tuple[Demand, ...]) -> list[int]:
+    """Higher weight first; the engine matches earlier priority classes first."""
+    return sorted(range(len(demands)), key=lambda t: (-demands[t].weight, t))
+
+
+def _run(topology: Topology, usable: np.ndarray, demands: tuple[Demand, ...], chunks: _Phase,
+         link_free: np.ndarray, reverse: bool, opts: SynthOptions) -> dict:
+    import choreo_engine
+
+    links = topology.links
+    src = np.array([links[i].src for i in usable], dtype=np.uint32)
+    dst = np.array([links[i].dst for i in usable], dtype=np.uint32)
+    if reverse:
+        src, dst = dst, src
+    weights = sorted({d.weight for d in demands}, reverse=True)
+    holder_ptr = np.concatenate([[0], np.cumsum(chunks.column(2))]).astype(np.uint64)
+    target_ptr = np.concatenate([[0], np.cumsum(chunks.column(5))]).astype(np.uint64)
+    seeds = [opts.seed * 1000003 + i for i in range(max(1, opts.restarts))]
+    try:
+        plan: dict = choreo_engine.greedy(
+            topology.num_nodes, src, dst,
+            np.array([links[i].alpha for i in usable], dtype=np.float64),
+            np.array([links[i].bandwidth for i in usable], dtype=np.float64),
+            np.ascontiguousarray(link_free[usable], dtype=np.float64),
+            np.array([d.chunk_bytes for d in demands], dtype=np.float64),
+            np.array([weights.index(d.weight) for d in demands], dtype=np.uint32),
+            chunks.column(0), holder_ptr, chunks.column(3), chunks.column(4),
+            target_ptr, chunks.column(6), seeds, opts.replacement,
+        )
+    except ValueError as err:
+        raise InfeasibleError(f"synthesis on {topology.name}: {err}") from None
+    plan["link"] = usable[plan["link"]]
+    if reverse:
+        plan["src"], plan["dst"] = plan["dst"], plan["src"]
+    return plan
+
+
+def _to_schedule(fabric: Topology, topology: Topology, demands: tuple[Demand, ...],
+                 chunks: _Phase, plan: dict, op: Op,
+                 start: np.ndarray | None = None, end: np.ndarray | None = None) -> Schedule:
+    idx = plan["chunk"].astype(np.int64)
+    return Schedule(
+        fabric, topology, demands,
+        tenant=chunks.column(0)[idx], chunk=chunks.column(1)[idx],
+        src=plan["src"], dst=plan["dst"], link=plan["link"],
+        start=plan["start"] if start is None else start,
+        end=plan["end"] if end is None else end,
+        op=np.full(len(idx), int(op), dtype=np.int8),
+    )

@@ -1,0 +1,697 @@
+//! Time-expanded greedy link-chunk matching (TACOS), event-driven over heterogeneous links.
+//!
+//! Every directed link is a server that carries one chunk at a time. Time advances from
+//! event to event (a chunk arrives, a link becomes free). At each instant every free link
+//! `u -> v` is matched with a chunk that `u` holds and `v` still needs, cheaper links first
+//! and at random among equals; a link with nothing to send sleeps until `u` gains a chunk.
+//! Two refinements from the paper handle heterogeneous links:
+//! * lower-link-cost-first: free links are matched in order of their cost;
+//! * chunk replacement: if a link could deliver a chunk to `v` earlier than a transfer that
+//!   is already carrying it, it takes that chunk over and the slower transfer is given
+//!   another chunk its source held when it started (or is cancelled, freeing its link).
+//!
+//! Relays: an NPU that is not a destination of a chunk receives it only when it is strictly
+//! closer (in hops) to a destination that still lacks it; relay transfers whose chunk is never
+//! forwarded are pruned at the end so that every transfer is useful.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use crate::bitset::{cyclic_find, cyclic_first, BitMatrix};
+
+/// One synthesis problem: a graph of usable links and a set of chunks to move.
+#[derive(Clone, Debug, Default)]
+pub struct Problem {
+    pub num_nodes: usize,
+    pub link_src: Vec<u32>,
+    pub link_dst: Vec<u32>,
+    pub link_alpha: Vec<f64>,
+    pub link_bandwidth: Vec<f64>,
+    /// When each link first becomes free (seconds): lets a phase start after an earlier one.
+    pub link_free_at: Vec<f64>,
+    /// Bytes of one chunk, per tenant.
+    pub tenant_bytes: Vec<f64>,
+    /// Priority class per tenant (0 is matched first); chunks of a class must be contiguous.
+    pub tenant_class: Vec<u32>,
+    pub chunk_tenant: Vec<u32>,
+    /// CSR: the nodes holding each chunk at the start, and when it becomes available there.
+    pub holder_ptr: Vec<usize>,
+    pub holder_node: Vec<u32>,
+    pub holder_time: Vec<f64>,
+    /// CSR: the nodes that must hold each chunk at the end.
+    pub target_ptr: Vec<usize>,
+    pub target_node: Vec<u32>,
+}
+
+/// The transfers of one synthesized schedule, as columns.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    pub chunk: Vec<u32>,
+    pub src: Vec<u32>,
+    pub dst: Vec<u32>,
+    pub link: Vec<u32>,
+    pub start: Vec<f64>,
+    pub end: Vec<f64>,
+    pub makespan: f64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub seed: u64,
+    pub replacement: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Kind {
+    Arrival = 0,
+    Available = 1,
+    LinkFree = 2,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Event {
+    time: f64,
+    kind: Kind,
+    id: u32,
+    epoch: u32,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Event {
+    // Reversed: BinaryHeap is a max-heap and we want the earliest event first.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .time
+            .total_cmp(&self.time)
+            .then_with(|| other.kind.cmp(&self.kind))
+            .then_with(|| other.id.cmp(&self.id))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Transfer {
+    chunk: u32,
+    link: u32,
+    start: f64,
+    end: f64,
+    cancelled: bool,
+}
+
+const NONE: u32 = u32::MAX;
+
+struct State<'a> {
+    p: &'a Problem,
+    k: usize,
+    rng: fastrand::Rng,
+    replacement: bool,
+    have: BitMatrix,
+    need: BitMatrix,
+    want: BitMatrix,
+    inflight: BitMatrix,
+    have_time: Vec<f64>,
+    inflight_tx: Vec<u32>,
+    transfers: Vec<Transfer>,
+    link_free_at: Vec<f64>,
+    link_epoch: Vec<u32>,
+    link_idle: Vec<bool>,
+    link_order_key: Vec<f64>,
+    out_links: Vec<Vec<u32>>,
+    classes: Vec<(usize, usize)>,
+    events: BinaryHeap<Event>,
+    remaining: usize,
+    relays: bool,
+    hops: Vec<u16>,
+}
+
+impl<'a> State<'a> {
+    fn cost(&self, link: usize, chunk: usize) -> f64 {
+        let bytes = self.p.tenant_bytes[self.p.chunk_tenant[chunk] as usize];
+        self.p.link_alpha[link] + bytes / self.p.link_bandwidth[link]
+    }
+
+    fn targets(&self, chunk: usize) -> &[u32] {
+        &self.p.target_node[self.p.target_ptr[chunk]..self.p.target_ptr[chunk + 1]]
+    }
+
+    fn hop(&self, a: usize, b: usize) -> u16 {
+        self.hops[a * self.p.num_nodes + b]
+    }
+
+    fn gain(&mut self, node: usize, chunk: usize, time: f64) -> bool {
+        if self.have.get(node, chunk) {
+            return false;
+        }
+        self.have.set(node, chunk);
+        self.have_time[node * self.k + chunk] = time;
+        if self.inflight.get(node, chunk) {
+            self.inflight.clear(node, chunk);
+            self.inflight_tx[node * self.k + chunk] = NONE;
+        }
+        if self.want.get(node, chunk) {
+            if self.need.get(node, chunk) {
+                self.need.clear(node, chunk);
+            }
+            self.remaining -= 1;
+        }
+        true
+    }
+
+    /// A chunk `u` holds that `v` needs, from the highest priority class that has one.
+    fn primary(&mut self, u: usize, v: usize) -> Option<usize> {
+        for ci in 0..self.classes.len() {
+            let (lo, hi) = self.classes[ci];
+            if lo >= hi {
+                continue;
+            }
+            let from = self.rng.usize(lo..hi);
+            let (have, need) = (&self.have, &self.need);
+            if let Some(c) = cyclic_first(lo, hi, from, |x| have.word(u, x) & need.word(v, x)) {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    fn schedule(&mut self, link: usize, chunk: usize, now: f64) {
+        let (v, end) = (self.p.link_dst[link] as usize, now + self.cost(link, chunk));
+        let tx = self.transfers.len() as u32;
+        self.transfers.push(Transfer { chunk: chunk as u32, link: link as u32, start: now, end, cancelled: false });
+        if self.need.get(v, chunk) {
+            self.need.clear(v, chunk);
+        }
+        self.inflight.set(v, chunk);
+        self.inflight_tx[v * self.k + chunk] = tx;
+        self.occupy(link, end);
+        self.events.push(Event { time: end, kind: Kind::Arrival, id: tx, epoch: 0 });
+    }
+
+    fn occupy(&mut self, link: usize, until: f64) {
+        self.link_free_at[link] = until;
+        self.link_epoch[link] = self.link_epoch[link].wrapping_add(1);
+        self.link_idle[link] = false;
+        let epoch = self.link_epoch[link];
+        self.events.push(Event { time: until, kind: Kind::LinkFree, id: link as u32, epoch });
+    }
+
+    /// Take over a chunk that a slower transfer is carrying to `v`, if this link is faster.
+    fn steal(&mut self, link: usize, now: f64, ready: &mut Vec<u32>) -> bool {
+        let (u, v) = (self.p.link_src[link] as usize, self.p.link_dst[link] as usize);
+        let mut best: Option<(usize, f64)> = None;
+        for x in 0..self.have.words_per_row() {
+            let mut bits = self.have.word(u, x) & self.inflight.word(v, x);
+            while bits != 0 {
+                let chunk = x * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let tx = self.inflight_tx[v * self.k + chunk];
+                if tx == NONE {
+                    continue;
+                }
+                let gain = self.transfers[tx as usize].end - (now + self.cost(link, chunk));
+                if gain > 1e-9 * self.cost(link, chunk) && best.is_none_or(|(_, g)| gain > g) {
+                    best = Some((chunk, gain));
+                }
+            }
+        }
+        let Some((chunk, _)) = best else { return false };
+        let old = self.inflight_tx[v * self.k + chunk] as usize;
+        self.reassign(old, v, ready, now);
+        self.schedule(link, chunk, now);
+        true
+    }
+
+    /// Give transfer `old` (to `v`) another chunk its source held when it started, or cancel it.
+    fn reassign(&mut self, old: usize, v: usize, ready: &mut Vec<u32>, now: f64) {
+        let t = self.transfers[old];
+        let link = t.link as usize;
+        let u = self.p.link_src[link] as usize;
+        let old_chunk = t.chunk as usize;
+        self.inflight.clear(v, old_chunk);
+        self.inflight_tx[v * self.k + old_chunk] = NONE;
+        if self.want.get(v, old_chunk) {
+            self.need.set(v, old_chunk);
+        }
+        let tenant = self.p.chunk_tenant[old_chunk];
+        let from = self.rng.usize(0..self.k);
+        let (have, need, p, k, have_time) = (&self.have, &self.need, self.p, self.k, &self.have_time);
+        let pick = cyclic_find(
+            0,
+            k,
+            from,
+            |x| have.word(u, x) & need.word(v, x),
+            |c| c != old_chunk && p.chunk_tenant[c] == tenant && have_time[u * k + c] <= t.start,
+        );
+        match pick {
+            Some(c) => {
+                self.transfers[old].chunk = c as u32;
+                self.need.clear(v, c);
+                self.inflight.set(v, c);
+                self.inflight_tx[v * self.k + c] = old as u32;
+            }
+            None => {
+                self.transfers[old].cancelled = true;
+                if self.link_free_at[link] > now {
+                    self.link_free_at[link] = now;
+                    self.link_epoch[link] = self.link_epoch[link].wrapping_add(1);
+                    ready.push(link as u32);
+                }
+            }
+        }
+    }
+
+    /// A chunk `v` does not need itself but brings closer to a destination that lacks it.
+    fn relay(&mut self, u: usize, v: usize) -> Option<usize> {
+        let from = self.rng.usize(0..self.k);
+        let (have, inflight, want) = (&self.have, &self.inflight, &self.want);
+        let word = |x| have.word(u, x) & !have.word(v, x) & !inflight.word(v, x) & !want.word(v, x);
+        cyclic_find(0, self.k, from, word, |c| self.useful_relay(u, v, c))
+    }
+
+    fn useful_relay(&self, u: usize, v: usize, chunk: usize) -> bool {
+        self.targets(chunk).iter().any(|&d| {
+            let d = d as usize;
+            !self.have.get(d, chunk) && !self.inflight.get(d, chunk) && self.hop(v, d) < self.hop(u, d)
+        })
+    }
+
+    fn try_match(&mut self, link: usize, now: f64, ready: &mut Vec<u32>) -> bool {
+        let (u, v) = (self.p.link_src[link] as usize, self.p.link_dst[link] as usize);
+        if let Some(chunk) = self.primary(u, v) {
+            self.schedule(link, chunk, now);
+            return true;
+        }
+        if self.replacement && self.steal(link, now, ready) {
+            return true;
+        }
+        if self.relays {
+            if let Some(chunk) = self.relay(u, v) {
+                self.schedule(link, chunk, now);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Hop distances between all nodes over the problem's links (BFS from every node).
+fn all_pairs_hops(p: &Problem) -> Vec<u16> {
+    let n = p.num_nodes;
+    let mut inc: Vec<Vec<u32>> = vec![Vec::new(); n];
+    for (s, d) in p.link_src.iter().zip(&p.link_dst) {
+        inc[*d as usize].push(*s);
+    }
+    let mut hops = vec![u16::MAX; n * n];
+    let mut queue = Vec::with_capacity(n);
+    for target in 0..n {
+        // distances *to* target: BFS over reversed links
+        let row = |a: usize| a * n + target;
+        hops[row(target)] = 0;
+        queue.clear();
+        queue.push(target);
+        let mut head = 0;
+        while head < queue.len() {
+            let x = queue[head];
+            head += 1;
+            let dx = hops[row(x)];
+            for &s in &inc[x] {
+                let s = s as usize;
+                if hops[row(s)] == u16::MAX {
+                    hops[row(s)] = dx + 1;
+                    queue.push(s);
+                }
+            }
+        }
+    }
+    hops
+}
+
+fn check(p: &Problem) -> Result<(), String> {
+    let l = p.link_src.len();
+    let k = p.chunk_tenant.len();
+    if [p.link_dst.len(), p.link_alpha.len(), p.link_bandwidth.len(), p.link_free_at.len()]
+        .iter()
+        .any(|&x| x != l)
+    {
+        return Err("link columns differ in length".into());
+    }
+    if p.holder_ptr.len() != k + 1 || p.target_ptr.len() != k + 1 {
+        return Err("holder/target pointers must have one entry per chunk plus one".into());
+    }
+    if p.holder_node.len() != p.holder_time.len() || *p.holder_ptr.last().unwrap() != p.holder_node.len() {
+        return Err("holder columns are inconsistent".into());
+    }
+    if *p.target_ptr.last().unwrap() != p.target_node.len() {
+        return Err("target columns are inconsistent".into());
+    }
+    if p.tenant_class.len() != p.tenant_bytes.len() {
+        return Err("tenant columns differ in length".into());
+    }
+    let n = p.num_nodes as u32;
+    if p.link_src.iter().chain(&p.link_dst).chain(&p.holder_node).chain(&p.target_node).any(|&x| x >= n) {
+        return Err("a node id is out of range".into());
+    }
+    if p.chunk_tenant.iter().any(|&t| t as usize >= p.tenant_bytes.len()) {
+        return Err("a chunk names an unknown tenant".into());
+    }
+    if p.link_bandwidth.iter().any(|&b| !(b > 0.0)) || p.link_alpha.iter().any(|&a| !(a >= 0.0)) {
+        return Err("link bandwidth must be positive and alpha non-negative".into());
+    }
+    Ok(())
+}
+
+/// Contiguous chunk ranges per priority class, in class order.
+fn class_ranges(p: &Problem) -> Result<Vec<(usize, usize)>, String> {
+    let mut ranges: Vec<(u32, usize, usize)> = Vec::new();
+    for (c, &t) in p.chunk_tenant.iter().enumerate() {
+        let class = p.tenant_class[t as usize];
+        match ranges.last_mut() {
+            Some((cl, _, hi)) if *cl == class => *hi = c + 1,
+            _ => ranges.push((class, c, c + 1)),
+        }
+    }
+    let mut sorted = ranges.clone();
+    sorted.sort_by_key(|r| r.0);
+    if sorted.windows(2).any(|w| w[0].0 == w[1].0) {
+        return Err("chunks of one priority class must be contiguous".into());
+    }
+    Ok(sorted.into_iter().map(|(_, lo, hi)| (lo, hi)).collect())
+}
+
+/// Synthesize one schedule with the given seed.
+pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
+    check(p)?;
+    let (n, k, l) = (p.num_nodes, p.chunk_tenant.len(), p.link_src.len());
+    let mut out_links = vec![Vec::new(); n];
+    for (i, &s) in p.link_src.iter().enumerate() {
+        out_links[s as usize].push(i as u32);
+    }
+    let mean_bytes = p.tenant_bytes.iter().sum::<f64>() / p.tenant_bytes.len().max(1) as f64;
+    let link_order_key = (0..l).map(|i| p.link_alpha[i] + mean_bytes / p.link_bandwidth[i]).collect();
+    let mut want = BitMatrix::new(n, k);
+    for c in 0..k {
+        for &d in &p.target_node[p.target_ptr[c]..p.target_ptr[c + 1]] {
+            want.set(d as usize, c);
+        }
+    }
+    // Relaying is needed when a node with links is not a destination of every chunk.
+    let mut target_count = vec![0usize; n];
+    for &d in &p.target_node {
+        target_count[d as usize] += 1;
+    }
+    let relays = (0..l).any(|i| target_count[p.link_dst[i] as usize] < k);
+    let mut st = State {
+        p,
+        k,
+        rng: fastrand::Rng::with_seed(opt.seed),
+        replacement: opt.replacement,
+        have: BitMatrix::new(n, k),
+        need: want.clone(),
+        want,
+        inflight: BitMatrix::new(n, k),
+        have_time: vec![f64::INFINITY; n * k],
+        inflight_tx: vec![NONE; n * k],
+        transfers: Vec::new(),
+        link_free_at: p.link_free_at.clone(),
+        link_epoch: vec![0; l],
+        link_idle: vec![false; l],
+        link_order_key,
+        out_links,
+        classes: class_ranges(p)?,
+        events: BinaryHeap::new(),
+        remaining: 0,
+        relays,
+        hops: if relays { all_pairs_hops(p) } else { Vec::new() },
+    };
+    st.remaining = p.target_node.len();
+    for c in 0..k {
+        for h in p.holder_ptr[c]..p.holder_ptr[c + 1] {
+            let (node, time) = (p.holder_node[h] as usize, p.holder_time[h]);
+            if time <= 0.0 {
+                st.gain(node, c, 0.0);
+            } else {
+                st.events.push(Event { time, kind: Kind::Available, id: h as u32, epoch: 0 });
+            }
+        }
+    }
+    let mut ready: Vec<u32> = Vec::new();
+    for i in 0..l {
+        if st.link_free_at[i] <= 0.0 {
+            ready.push(i as u32);
+        } else {
+            st.occupy(i, st.link_free_at[i]);
+        }
+    }
+    let mut now = 0.0f64;
+    let mut arrivals: Vec<u32> = Vec::new();
+    while st.remaining > 0 {
+        // Match every ready link at `now`, cheapest first, random among equals.
+        st.rng.shuffle(&mut ready);
+        ready.sort_by(|a, b| st.link_order_key[*a as usize].total_cmp(&st.link_order_key[*b as usize]));
+        let mut i = 0;
+        while i < ready.len() {
+            let link = ready[i] as usize;
+            i += 1;
+            if st.link_free_at[link] > now {
+                continue;
+            }
+            if !st.try_match(link, now, &mut ready) {
+                st.link_idle[link] = true;
+            }
+        }
+        ready.clear();
+        if st.remaining == 0 {
+            break;
+        }
+        // Advance to the next instant and apply everything that happens then.
+        let Some(first) = st.events.pop() else {
+            return Err(unreachable_report(&st));
+        };
+        now = first.time;
+        let horizon = now + 1e-12 * now.abs().max(1e-9);
+        let mut ev = Some(first);
+        arrivals.clear();
+        while let Some(e) = ev {
+            now = now.max(e.time);
+            match e.kind {
+                Kind::Arrival => {
+                    let t = st.transfers[e.id as usize];
+                    if !t.cancelled {
+                        let v = p.link_dst[t.link as usize] as usize;
+                        if st.gain(v, t.chunk as usize, e.time) {
+                            arrivals.push(v as u32);
+                        }
+                    }
+                }
+                Kind::Available => {
+                    let h = e.id as usize;
+                    let c = p.holder_ptr.partition_point(|&x| x <= h) - 1;
+                    let node = p.holder_node[h] as usize;
+                    if st.gain(node, c, e.time) {
+                        arrivals.push(node as u32);
+                    }
+                }
+                Kind::LinkFree => {
+                    let link = e.id as usize;
+                    if st.link_epoch[link] == e.epoch {
+                        ready.push(e.id);
+                    }
+                }
+            }
+            ev = match st.events.peek() {
+                Some(next) if next.time <= horizon => st.events.pop(),
+                _ => None,
+            };
+        }
+        for &v in &arrivals {
+            for &link in &st.out_links[v as usize] {
+                if st.link_idle[link as usize] && st.link_free_at[link as usize] <= now {
+                    st.link_idle[link as usize] = false;
+                    ready.push(link);
+                }
+            }
+        }
+    }
+    Ok(finish(&st))
+}
+
+fn unreachable_report(st: &State) -> String {
+    for v in 0..st.p.num_nodes {
+        for c in 0..st.k {
+            if st.want.get(v, c) && !st.have.get(v, c) {
+                return format!("chunk {c} can never reach node {v}: no usable path from its holders");
+            }
+        }
+    }
+    "no progress possible".into()
+}
+
+/// Drop cancelled transfers and relay deliveries that were never forwarded.
+fn finish(st: &State) -> Plan {
+    let p = st.p;
+    let txs = &st.transfers;
+    let mut keep: Vec<bool> = txs.iter().map(|t| !t.cancelled).collect();
+    if st.relays {
+        // forwarded[(node, chunk)] = number of kept transfers leaving node with chunk
+        let mut forwarded: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut into: HashMap<(u32, u32), Vec<usize>> = HashMap::new();
+        for (i, t) in txs.iter().enumerate() {
+            if keep[i] {
+                let (s, d) = (p.link_src[t.link as usize], p.link_dst[t.link as usize]);
+                *forwarded.entry((s, t.chunk)).or_default() += 1;
+                into.entry((d, t.chunk)).or_default().push(i);
+            }
+        }
+        let mut stack: Vec<(u32, u32)> = into
+            .keys()
+            .filter(|&&(d, c)| !st.want.get(d as usize, c as usize))
+            .copied()
+            .collect();
+        while let Some((d, c)) = stack.pop() {
+            if forwarded.get(&(d, c)).copied().unwrap_or(0) > 0 || st.want.get(d as usize, c as usize) {
+                continue;
+            }
+            if let Some(list) = into.remove(&(d, c)) {
+                for i in list {
+                    keep[i] = false;
+                    let s = p.link_src[txs[i].link as usize];
+                    if let Some(f) = forwarded.get_mut(&(s, c)) {
+                        *f -= 1;
+                        if *f == 0 {
+                            stack.push((s, c));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut plan = Plan::default();
+    for (i, t) in txs.iter().enumerate() {
+        if !keep[i] {
+            continue;
+        }
+        let link = t.link as usize;
+        plan.chunk.push(t.chunk);
+        plan.src.push(p.link_src[link]);
+        plan.dst.push(p.link_dst[link]);
+        plan.link.push(t.link);
+        plan.start.push(t.start);
+        plan.end.push(t.end);
+        plan.makespan = plan.makespan.max(t.end);
+    }
+    plan
+}
+
+/// Run several seeds in parallel and keep the schedule that finishes first.
+pub fn synthesize_best(p: &Problem, seeds: &[u64], replacement: bool) -> Result<(Plan, Vec<f64>, u64), String> {
+    use rayon::prelude::*;
+    let runs: Vec<Result<Plan, String>> = seeds
+        .par_iter()
+        .map(|&seed| synthesize(p, Options { seed, replacement }))
+        .collect();
+    let mut best: Option<(Plan, u64)> = None;
+    let mut makespans = Vec::with_capacity(seeds.len());
+    for (run, &seed) in runs.into_iter().zip(seeds) {
+        let plan = run?;
+        makespans.push(plan.makespan);
+        if best.as_ref().is_none_or(|(b, _)| plan.makespan < b.makespan) {
+            best = Some((plan, seed));
+        }
+    }
+    let (plan, seed) = best.ok_or("no seeds given")?;
+    Ok((plan, makespans, seed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// AllGather over `links` among all `n` nodes, one chunk per node of `bytes`.
+    fn allgather(n: usize, links: &[(u32, u32, f64)], bytes: f64) -> Problem {
+        Problem {
+            num_nodes: n,
+            link_src: links.iter().map(|l| l.0).collect(),
+            link_dst: links.iter().map(|l| l.1).collect(),
+            link_alpha: vec![0.0; links.len()],
+            link_bandwidth: links.iter().map(|l| l.2).collect(),
+            link_free_at: vec![0.0; links.len()],
+            tenant_bytes: vec![bytes],
+            tenant_class: vec![0],
+            chunk_tenant: vec![0; n],
+            holder_ptr: (0..=n).collect(),
+            holder_node: (0..n as u32).collect(),
+            holder_time: vec![0.0; n],
+            target_ptr: (0..=n).map(|c| c * n).collect(),
+            target_node: (0..n).flat_map(|_| 0..n as u32).collect(),
+        }
+    }
+
+    fn ring(n: u32) -> Vec<(u32, u32, f64)> {
+        (0..n).map(|i| (i, (i + 1) % n, 1.0)).collect()
+    }
+
+    #[test]
+    fn unidirectional_ring_takes_n_minus_one_link_times() {
+        for n in [2usize, 3, 8, 17] {
+            let plan = synthesize(&allgather(n, &ring(n as u32), 1.0), Options { seed: 7, replacement: true }).unwrap();
+            assert_eq!(plan.makespan, (n - 1) as f64, "n={n}");
+            assert_eq!(plan.chunk.len(), n * (n - 1));
+        }
+    }
+
+    #[test]
+    fn fully_connected_takes_one_link_time() {
+        let n = 6u32;
+        let links: Vec<_> = (0..n).flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b, 2.0))).collect();
+        let plan = synthesize(&allgather(n as usize, &links, 4.0), Options { seed: 1, replacement: true }).unwrap();
+        assert_eq!(plan.makespan, 2.0);
+    }
+
+    #[test]
+    fn same_seed_same_plan() {
+        let links: Vec<_> = (0..16u32).flat_map(|i| [(i, (i + 1) % 16, 1.0), ((i + 1) % 16, i, 1.0), (i, (i + 4) % 16, 0.5)]).collect();
+        let p = allgather(16, &links, 1.0);
+        let a = synthesize(&p, Options { seed: 3, replacement: true }).unwrap();
+        let b = synthesize(&p, Options { seed: 3, replacement: true }).unwrap();
+        assert_eq!(a.chunk, b.chunk);
+        assert_eq!(a.start, b.start);
+    }
+
+    #[test]
+    fn disconnected_node_is_reported() {
+        let p = allgather(3, &[(0, 1, 1.0), (1, 0, 1.0)], 1.0);
+        let err = synthesize(&p, Options { seed: 0, replacement: true }).unwrap_err();
+        assert!(err.contains("can never reach"), "{err}");
+    }
+
+    #[test]
+    fn slow_link_transfers_are_replaced_when_a_fast_path_delivers_first() {
+        // 0 -> 2 is slow; 0 -> 1 -> 2 is fast. Node 2 must get chunk 0 via node 1.
+        let links = [(0, 1, 10.0), (1, 2, 10.0), (0, 2, 0.5), (2, 0, 10.0), (1, 0, 10.0), (2, 1, 10.0)];
+        let mut p = allgather(3, &links, 1.0);
+        p.target_ptr = vec![0, 3, 6, 9];
+        let plan = synthesize(&p, Options { seed: 0, replacement: true }).unwrap();
+        assert!(plan.makespan <= 0.2 + 1e-9, "makespan {}", plan.makespan);
+    }
+
+    #[test]
+    fn relays_reach_a_single_destination_and_unused_relays_are_pruned() {
+        // Gather to node 3 on a line 0-1-2-3: chunks of 0 and 1 must be relayed.
+        let links = [(0, 1, 1.0), (1, 0, 1.0), (1, 2, 1.0), (2, 1, 1.0), (2, 3, 1.0), (3, 2, 1.0)];
+        let mut p = allgather(4, &links, 1.0);
+        p.target_ptr = vec![0, 1, 2, 3, 4];
+        p.target_node = vec![3, 3, 3, 3];
+        let plan = synthesize(&p, Options { seed: 5, replacement: true }).unwrap();
+        // chunk 0 needs 3 hops, chunk 1 two, chunk 2 one: 6 transfers, none wasted
+        assert_eq!(plan.chunk.len(), 6);
+        assert_eq!(plan.makespan, 3.0);
+    }
+}
