@@ -6,12 +6,11 @@ import time
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from choreo.errors import InputError
 from choreo.generators import DGX1_DOUBLE, DGX1_SINGLE, build, list_builtins, mesh, torus
 from choreo.topology import NodeKind, Topology
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 GB = 1e9
 
@@ -199,7 +198,9 @@ def test_dgx2_multi_node() -> None:
     assert len(topo.npus) == 32
     assert topo.names[17] == "node1/gpu1"
     nic = [link for link in topo.links if link.kind == "ib" and topo.is_npu(link.src)]
-    assert sorted(link.src for link in nic) == [g + 16 * k for k in range(2) for g in range(0, 16, 2)]
+    assert sorted(link.src for link in nic) == [
+        g + 16 * k for k in range(2) for g in range(0, 16, 2)
+    ]
     assert all(link.bandwidth == 12.5 * GB for link in nic)
     assert len(build("dgx2").switches) == 1
 
