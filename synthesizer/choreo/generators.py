@@ -24,7 +24,7 @@ import inspect
 import itertools
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from choreo.errors import InputError
@@ -766,8 +766,10 @@ def build(spec: str, **params: Any) -> Topology:
     entry = _SHAPES[shape]
     merged = {**_parse_params(spec, entry, param_text), **params}
     try:
-        return entry.make(size, merged)
+        topo = entry.make(size, merged)
     except TypeError as exc:  # a wrongly typed override reached the generator
         raise InputError(f"topology '{spec}': {exc}") from None
     except InputError as exc:
         raise InputError(f"topology '{spec}': {exc}") from None
+    # Overrides given in the name stay in it, so reports show what was actually built.
+    return replace(topo, name=f"{topo.name}:{param_text.strip()}") if param_text.strip() else topo

@@ -238,6 +238,7 @@ def test_parameter_overrides_in_name() -> None:
     topo = build("dragonfly-4x5:bandwidth=100e9/10e9,alpha=1e-6")
     assert {link.bandwidth for link in topo.links} == {100 * GB, 10 * GB}
     assert {link.alpha for link in topo.links} == {1e-6}
+    assert topo.name == "dragonfly-4x5:bandwidth=100e9/10e9,alpha=1e-6"
 
 
 @pytest.mark.parametrize(
