@@ -1,0 +1,50 @@
+"""Port choice for the local cluster: explicit, reused, or fresh, and never duplicated."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from choreo_dev.errors import DevClusterError
+from choreo_dev.ports import choose_ports, ephemeral_port, is_free
+
+
+def test_requested_port_in_use_is_a_clear_error() -> None:
+    with pytest.raises(DevClusterError, match=r"port 6443 .*kube-apiserver.* in use"):
+        choose_ports(["kube-apiserver"], {"kube-apiserver": 6443}, free=lambda p: False)
+
+
+def test_requested_free_port_is_used() -> None:
+    ports = choose_ports(["a", "b"], {"a": 7000}, free=lambda p: True, pick=iter([9000]).__next__)
+    assert ports == {"a": 7000, "b": 9000}
+
+
+def test_previous_port_is_reused_when_free_and_replaced_when_taken() -> None:
+    fresh = iter([9100, 9101])
+    ports = choose_ports(
+        ["a", "b"],
+        previous={"a": 7001, "b": 7002},
+        free=lambda p: p != 7002,
+        pick=fresh.__next__,
+    )
+    assert ports == {"a": 7001, "b": 9100}
+
+
+def test_no_two_roles_share_a_port() -> None:
+    picks = iter([9200, 9200, 9201])
+    ports = choose_ports(["a", "b"], free=lambda p: True, pick=picks.__next__)
+    assert ports == {"a": 9200, "b": 9201}
+
+
+def test_same_requested_port_twice_is_rejected() -> None:
+    with pytest.raises(DevClusterError, match="7003"):
+        choose_ports(["a", "b"], {"a": 7003, "b": 7003}, free=lambda p: True)
+
+
+def test_is_free_sees_a_listening_socket() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert not is_free(port)
+    assert is_free(ephemeral_port())
