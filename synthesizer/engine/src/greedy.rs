@@ -59,6 +59,7 @@ pub struct Plan {
 pub struct Options {
     pub seed: u64,
     pub replacement: bool,
+    pub exclusive: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -114,6 +115,10 @@ struct State<'a> {
     k: usize,
     rng: fastrand::Rng,
     replacement: bool,
+    exclusive: bool,
+    in_nodes: Vec<Vec<u32>>,
+    faster_in: Vec<Vec<u32>>,
+    scratch: Vec<u64>,
     have: BitMatrix,
     need: BitMatrix,
     want: BitMatrix,
@@ -167,16 +172,43 @@ impl<'a> State<'a> {
     }
 
     /// A chunk `u` holds that `v` needs, from the highest priority class that has one.
-    fn primary(&mut self, u: usize, v: usize) -> Option<usize> {
-        for ci in 0..self.classes.len() {
-            let (lo, hi) = self.classes[ci];
-            if lo >= hi {
-                continue;
+    ///
+    /// Two preferences, both about not wasting a link on data `v` will get anyway:
+    /// first, chunks that no other in-neighbour of `v` nor `v`'s fast island holds or is
+    /// receiving (only this link can bring them soon); then, chunks absent from the fast
+    /// island. A link with neither stays idle until `u` gains a chunk.
+    fn primary(&mut self, link: usize, u: usize, v: usize) -> Option<usize> {
+        let words = self.have.words_per_row();
+        let passes = if self.exclusive { 2 } else { 1 };
+        for pass in 0..passes {
+            if self.exclusive {
+                self.scratch.clear();
+                for x in 0..words {
+                    let mut elsewhere = 0u64;
+                    let near: &[u32] = if pass == 0 { &self.in_nodes[v] } else { &[] };
+                    for &w in near.iter().chain(&self.faster_in[link]) {
+                        if w as usize != u {
+                            elsewhere |= self.have.word(w as usize, x) | self.inflight.word(w as usize, x);
+                        }
+                    }
+                    self.scratch.push(self.have.word(u, x) & self.need.word(v, x) & !elsewhere);
+                }
             }
-            let from = self.rng.usize(lo..hi);
-            let (have, need) = (&self.have, &self.need);
-            if let Some(c) = cyclic_first(lo, hi, from, |x| have.word(u, x) & need.word(v, x)) {
-                return Some(c);
+            for ci in 0..self.classes.len() {
+                let (lo, hi) = self.classes[ci];
+                if lo >= hi {
+                    continue;
+                }
+                let from = self.rng.usize(lo..hi);
+                let (have, need, scratch) = (&self.have, &self.need, &self.scratch);
+                let found = if self.exclusive {
+                    cyclic_first(lo, hi, from, |x| scratch[x])
+                } else {
+                    cyclic_first(lo, hi, from, |x| have.word(u, x) & need.word(v, x))
+                };
+                if found.is_some() {
+                    return found;
+                }
             }
         }
         None
@@ -285,7 +317,7 @@ impl<'a> State<'a> {
 
     fn try_match(&mut self, link: usize, now: f64, ready: &mut Vec<u32>) -> bool {
         let (u, v) = (self.p.link_src[link] as usize, self.p.link_dst[link] as usize);
-        if let Some(chunk) = self.primary(u, v) {
+        if let Some(chunk) = self.primary(link, u, v) {
             self.schedule(link, chunk, now);
             return true;
         }
@@ -300,6 +332,62 @@ impl<'a> State<'a> {
         }
         false
     }
+}
+
+/// Largest fast island tracked per link.
+const MAX_ISLAND: usize = 256;
+/// An island counts only if its direct links into `v` carry this many times the link's
+/// bandwidth: then waiting for the island beats spending this link on the same chunk.
+const ISLAND_FEED_RATIO: f64 = 3.0;
+
+/// For each link `u -> v`, the nodes other than `v` that reach `v` over strictly faster links
+/// (its *fast island*: a node's NVLink domain seen from an inter-node link, say). A chunk
+/// already held or arriving there reaches `v` sooner than over this link. Islands that feed
+/// `v` less than `ISLAND_FEED_RATIO` times this link's bandwidth are dropped (empty).
+fn fast_islands(p: &Problem, key: &[f64]) -> Vec<Vec<u32>> {
+    let n = p.num_nodes;
+    let mut in_links: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (i, &d) in p.link_dst.iter().enumerate() {
+        in_links[d as usize].push(i);
+    }
+    let mut memo: HashMap<(u32, u64), Vec<u32>> = HashMap::new();
+    let mut seen = vec![u32::MAX; n];
+    let mut stamp = 0u32;
+    (0..p.link_src.len())
+        .map(|l| {
+            let v = p.link_dst[l];
+            let limit = key[l] * (1.0 - 1e-9);
+            memo.entry((v, limit.to_bits()))
+                .or_insert_with(|| {
+                    stamp += 1;
+                    seen[v as usize] = stamp;
+                    let (mut island, mut queue, mut head) = (Vec::new(), vec![v], 0);
+                    while head < queue.len() && island.len() < MAX_ISLAND {
+                        let x = queue[head] as usize;
+                        head += 1;
+                        for &j in &in_links[x] {
+                            let w = p.link_src[j];
+                            if key[j] < limit && seen[w as usize] != stamp {
+                                seen[w as usize] = stamp;
+                                island.push(w);
+                                queue.push(w);
+                            }
+                        }
+                    }
+                    island.sort_unstable();
+                    let feed: f64 = in_links[v as usize]
+                        .iter()
+                        .filter(|&&j| key[j] < limit)
+                        .map(|&j| p.link_bandwidth[j])
+                        .sum();
+                    if feed < ISLAND_FEED_RATIO * p.link_bandwidth[l] {
+                        island.clear();
+                    }
+                    island
+                })
+                .clone()
+        })
+        .collect()
 }
 
 /// Hop distances between all nodes over the problem's links (BFS from every node).
@@ -391,11 +479,17 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
     check(p)?;
     let (n, k, l) = (p.num_nodes, p.chunk_tenant.len(), p.link_src.len());
     let mut out_links = vec![Vec::new(); n];
+    let mut in_nodes: Vec<Vec<u32>> = vec![Vec::new(); n];
     for (i, &s) in p.link_src.iter().enumerate() {
         out_links[s as usize].push(i as u32);
+        let d = p.link_dst[i] as usize;
+        if !in_nodes[d].contains(&s) {
+            in_nodes[d].push(s);
+        }
     }
     let mean_bytes = p.tenant_bytes.iter().sum::<f64>() / p.tenant_bytes.len().max(1) as f64;
-    let link_order_key = (0..l).map(|i| p.link_alpha[i] + mean_bytes / p.link_bandwidth[i]).collect();
+    let link_order_key: Vec<f64> =
+        (0..l).map(|i| p.link_alpha[i] + mean_bytes / p.link_bandwidth[i]).collect();
     let mut want = BitMatrix::new(n, k);
     for c in 0..k {
         for &d in &p.target_node[p.target_ptr[c]..p.target_ptr[c + 1]] {
@@ -413,6 +507,10 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
         k,
         rng: fastrand::Rng::with_seed(opt.seed),
         replacement: opt.replacement,
+        exclusive: opt.exclusive,
+        faster_in: fast_islands(p, &link_order_key),
+        in_nodes,
+        scratch: Vec::new(),
         have: BitMatrix::new(n, k),
         need: want.clone(),
         want,
@@ -423,7 +521,7 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
         link_free_at: p.link_free_at.clone(),
         link_epoch: vec![0; l],
         link_idle: vec![false; l],
-        link_order_key,
+        link_order_key: link_order_key.clone(),
         out_links,
         classes: class_ranges(p)?,
         events: BinaryHeap::new(),
@@ -591,11 +689,11 @@ fn finish(st: &State) -> Plan {
 }
 
 /// Run several seeds in parallel and keep the schedule that finishes first.
-pub fn synthesize_best(p: &Problem, seeds: &[u64], replacement: bool) -> Result<(Plan, Vec<f64>, u64), String> {
+pub fn synthesize_best(p: &Problem, seeds: &[u64], base: Options) -> Result<(Plan, Vec<f64>, u64), String> {
     use rayon::prelude::*;
     let runs: Vec<Result<Plan, String>> = seeds
         .par_iter()
-        .map(|&seed| synthesize(p, Options { seed, replacement }))
+        .map(|&seed| synthesize(p, Options { seed, ..base }))
         .collect();
     let mut best: Option<(Plan, u64)> = None;
     let mut makespans = Vec::with_capacity(seeds.len());
@@ -613,6 +711,8 @@ pub fn synthesize_best(p: &Problem, seeds: &[u64], replacement: bool) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const OPT: Options = Options { seed: 7, replacement: true, exclusive: true };
 
     /// AllGather over `links` among all `n` nodes, one chunk per node of `bytes`.
     fn allgather(n: usize, links: &[(u32, u32, f64)], bytes: f64) -> Problem {
@@ -641,7 +741,7 @@ mod tests {
     #[test]
     fn unidirectional_ring_takes_n_minus_one_link_times() {
         for n in [2usize, 3, 8, 17] {
-            let plan = synthesize(&allgather(n, &ring(n as u32), 1.0), Options { seed: 7, replacement: true }).unwrap();
+            let plan = synthesize(&allgather(n, &ring(n as u32), 1.0), OPT).unwrap();
             assert_eq!(plan.makespan, (n - 1) as f64, "n={n}");
             assert_eq!(plan.chunk.len(), n * (n - 1));
         }
@@ -651,7 +751,7 @@ mod tests {
     fn fully_connected_takes_one_link_time() {
         let n = 6u32;
         let links: Vec<_> = (0..n).flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b, 2.0))).collect();
-        let plan = synthesize(&allgather(n as usize, &links, 4.0), Options { seed: 1, replacement: true }).unwrap();
+        let plan = synthesize(&allgather(n as usize, &links, 4.0), OPT).unwrap();
         assert_eq!(plan.makespan, 2.0);
     }
 
@@ -659,8 +759,8 @@ mod tests {
     fn same_seed_same_plan() {
         let links: Vec<_> = (0..16u32).flat_map(|i| [(i, (i + 1) % 16, 1.0), ((i + 1) % 16, i, 1.0), (i, (i + 4) % 16, 0.5)]).collect();
         let p = allgather(16, &links, 1.0);
-        let a = synthesize(&p, Options { seed: 3, replacement: true }).unwrap();
-        let b = synthesize(&p, Options { seed: 3, replacement: true }).unwrap();
+        let a = synthesize(&p, OPT).unwrap();
+        let b = synthesize(&p, OPT).unwrap();
         assert_eq!(a.chunk, b.chunk);
         assert_eq!(a.start, b.start);
     }
@@ -668,7 +768,7 @@ mod tests {
     #[test]
     fn disconnected_node_is_reported() {
         let p = allgather(3, &[(0, 1, 1.0), (1, 0, 1.0)], 1.0);
-        let err = synthesize(&p, Options { seed: 0, replacement: true }).unwrap_err();
+        let err = synthesize(&p, OPT).unwrap_err();
         assert!(err.contains("can never reach"), "{err}");
     }
 
@@ -678,7 +778,7 @@ mod tests {
         let links = [(0, 1, 10.0), (1, 2, 10.0), (0, 2, 0.5), (2, 0, 10.0), (1, 0, 10.0), (2, 1, 10.0)];
         let mut p = allgather(3, &links, 1.0);
         p.target_ptr = vec![0, 3, 6, 9];
-        let plan = synthesize(&p, Options { seed: 0, replacement: true }).unwrap();
+        let plan = synthesize(&p, OPT).unwrap();
         assert!(plan.makespan <= 0.2 + 1e-9, "makespan {}", plan.makespan);
     }
 
@@ -689,7 +789,7 @@ mod tests {
         let mut p = allgather(4, &links, 1.0);
         p.target_ptr = vec![0, 1, 2, 3, 4];
         p.target_node = vec![3, 3, 3, 3];
-        let plan = synthesize(&p, Options { seed: 5, replacement: true }).unwrap();
+        let plan = synthesize(&p, OPT).unwrap();
         // chunk 0 needs 3 hops, chunk 1 two, chunk 2 one: 6 transfers, none wasted
         assert_eq!(plan.chunk.len(), 6);
         assert_eq!(plan.makespan, 3.0);

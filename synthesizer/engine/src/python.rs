@@ -5,7 +5,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::greedy::{synthesize_best, Problem};
+use crate::greedy::{synthesize_best, Options, Problem};
 
 fn vec<T: numpy::Element + Copy>(a: &PyReadonlyArray1<T>) -> Vec<T> {
     a.as_array().to_vec()
@@ -20,7 +20,7 @@ fn vec<T: numpy::Element + Copy>(a: &PyReadonlyArray1<T>) -> Vec<T> {
     num_nodes, link_src, link_dst, link_alpha, link_bandwidth, link_free_at,
     tenant_bytes, tenant_class, chunk_tenant,
     holder_ptr, holder_node, holder_time, target_ptr, target_node,
-    seeds, replacement = true
+    seeds, replacement = true, exclusive = true
 ))]
 #[allow(clippy::too_many_arguments)]
 fn greedy<'py>(
@@ -41,6 +41,7 @@ fn greedy<'py>(
     target_node: PyReadonlyArray1<'py, u32>,
     seeds: Vec<u64>,
     replacement: bool,
+    exclusive: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let problem = Problem {
         num_nodes,
@@ -59,7 +60,7 @@ fn greedy<'py>(
         target_node: vec(&target_node),
     };
     let (plan, makespans, seed) = py
-        .detach(|| synthesize_best(&problem, &seeds, replacement))
+        .detach(|| synthesize_best(&problem, &seeds, Options { seed: 0, replacement, exclusive }))
         .map_err(PyValueError::new_err)?;
     let out = PyDict::new(py);
     out.set_item("chunk", plan.chunk.into_pyarray(py))?;
