@@ -40,6 +40,7 @@ MAX_ERRORS = 50
 CHECKS = (
     "index",  # tenant, chunk, node, link or op out of range; bad times
     "self",  # src == dst
+    "switch",  # a switch as source or destination: only NPUs hold chunks
     "link",  # link ends differ from the transfer's NPUs
     "health",  # unusable link, or a missing/unusable via link
     "failed",  # touches a failed NPU
@@ -192,6 +193,15 @@ class _Verifier:
 
         self._report("index", bad, what)
         self._report("self", np.flatnonzero(valid & (s.src == s.dst)), lambda i: "src == dst")
+        npu = np.array([topo.is_npu(v) for v in range(nn)], dtype=bool)
+        sw = valid & ~(npu[np.where(node_ok, s.src, 0)] & npu[np.where(node_ok, s.dst, 0)])
+        self._report(
+            "switch",
+            np.flatnonzero(sw),
+            lambda i: "only NPUs hold chunks, but "
+            + self._name(int(s.src[i]) if not npu[s.src[i]] else int(s.dst[i]))
+            + " is a switch",
+        )
         return valid
 
     # links, health, durations, capacity, exclusivity

@@ -1,0 +1,410 @@
+"""Fixed collective algorithms to compare synthesized schedules against.
+
+Each algorithm is written as rank-to-rank sends grouped in steps (the algorithm's own round
+structure). The sends are routed on the fabric (``choreo.routing``), given the step index as
+their planned time, and run through the congestion simulator; the returned schedule carries
+the simulated times, so it is exactly what the algorithm achieves on this fabric and it passes
+the verifier like any other schedule.
+
+* ``ring``: rank order as the ring; pipelined chains for rooted collectives.
+* ``direct``: every rank sends straight to every peer that needs its data.
+* ``rhd``: recursive halving (reduce-scatter) and doubling (all-gather); a non-power-of-two
+  count folds the extra ranks ``p..n-1`` into ranks ``0..n-p-1`` first and back last.
+* ``dbt``: NCCL's double binary tree, half the chunks on each tree, pipelined per chunk.
+* ``hierarchical``: ring phases along each dimension of ``topology.dims`` (or hosts from node
+  names ``host/...``): reduce-scatter fastest dimension first, all-gather in reverse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from choreo.collectives import Collective, Demand
+from choreo.errors import ChoreoError, InputError
+from choreo.routing import pair_links, route
+from choreo.schedule import Op, Schedule
+from choreo.simulate import simulate
+from choreo.topology import Topology
+
+C = Collective
+ALL = tuple(Collective)
+SUPPORT: dict[str, tuple[Collective, ...]] = {
+    "ring": ALL,
+    "direct": ALL,
+    "rhd": (C.ALLGATHER, C.REDUCESCATTER, C.ALLREDUCE),
+    "dbt": (C.ALLREDUCE, C.BROADCAST, C.REDUCE),
+    "hierarchical": (C.ALLGATHER, C.REDUCESCATTER, C.ALLREDUCE),
+}
+BASELINES = tuple(SUPPORT)
+
+
+class BaselineUnavailable(ChoreoError):
+    """The algorithm does not apply to this collective or fabric; the message says why."""
+
+
+def baselines_for(demand: Demand, fabric: Topology | None = None) -> list[str]:
+    """Baselines defined for the demand's collective (and, given a fabric, usable on it)."""
+    return [
+        name for name in BASELINES
+        if demand.collective in SUPPORT[name]
+        and (fabric is None or unavailable_reason(name, fabric, demand) is None)
+    ]
+
+
+def unavailable_reason(name: str, fabric: Topology, demand: Demand) -> str | None:
+    """Why ``name`` cannot run here, or None."""
+    if name not in SUPPORT:
+        return f"unknown baseline {name!r} (known: {', '.join(BASELINES)})"
+    if demand.collective not in SUPPORT[name]:
+        return f"{name} is not defined for {demand.collective.value}"
+    if name == "hierarchical":
+        grid = _grid(fabric, demand)
+        if isinstance(grid, str):
+            return grid
+    return None
+
+
+def run_baseline(name: str, fabric: Topology, demand: Demand) -> Schedule:
+    """The baseline's schedule on ``fabric``, timed by the simulator."""
+    reason = unavailable_reason(name, fabric, demand)
+    if reason:
+        raise BaselineUnavailable(f"baseline {name}: {reason}")
+    fabric.check_connected(list(demand.ranks), where=f"baseline {name}")
+    plan = _Plan(demand)
+    if name == "ring":
+        _ring(plan)
+    elif name == "direct":
+        _direct(plan)
+    elif name == "rhd":
+        _rhd(plan)
+    elif name == "dbt":
+        _dbt(plan)
+    else:
+        grid = _grid(fabric, demand)
+        assert not isinstance(grid, str)
+        _hierarchical(plan, grid)
+    return _schedule(name, fabric, demand, plan)
+
+
+# ---- sends in rank space -------------------------------------------------------------------
+class _Plan:
+    """Rank-to-rank sends of chunks, each tagged with its algorithm step."""
+
+    def __init__(self, demand: Demand) -> None:
+        self.d = demand
+        self.parts: list[tuple[np.ndarray, ...]] = []
+
+    def send(self, step: object, src: object, dst: object, chunk: object, op: Op) -> None:
+        st, s, d, c = np.broadcast_arrays(
+            np.asarray(step, dtype=np.int64), np.asarray(src, dtype=np.int64),
+            np.asarray(dst, dtype=np.int64), np.asarray(chunk, dtype=np.int64),
+        )
+        st, s, d, c = (x.ravel() for x in (st, s, d, c))
+        self.parts.append((st, s, d, c, np.full(len(c), int(op), dtype=np.int8)))
+
+    def pieces(self, step: object, src: object, dst: object, piece: object, op: Op) -> None:
+        """Send whole rank pieces (``chunks`` consecutive chunks each)."""
+        k = self.d.chunks
+        st, s, d, p = np.broadcast_arrays(
+            np.asarray(step, dtype=np.int64), np.asarray(src, dtype=np.int64),
+            np.asarray(dst, dtype=np.int64), np.asarray(piece, dtype=np.int64),
+        )
+        sub = np.arange(k, dtype=np.int64)
+        self.send(st[..., None], s[..., None], d[..., None], p[..., None] * k + sub, op)
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        if not self.parts:
+            z = np.zeros(0, dtype=np.int64)
+            return z, z, z, z, z.astype(np.int8)
+        return tuple(np.concatenate(col) for col in zip(*self.parts, strict=True))
+
+
+def _schedule(name: str, fabric: Topology, demand: Demand, plan: _Plan) -> Schedule:
+    step, src_r, dst_r, chunk, op = plan.columns()
+    ranks = np.asarray(demand.ranks, dtype=np.int64)
+    src, dst = ranks[src_r], ranks[dst_r]
+    pairs = set(zip(src.tolist(), dst.tolist(), strict=True))
+    topo, chosen = route(fabric, pairs, demand.chunk_bytes)
+    link = pair_links(chosen, src, dst)
+    planned = Schedule(
+        fabric, topo, (demand,), np.zeros(len(step)), chunk, src, dst, link,
+        step.astype(float), step + 0.5, op, engine=name,
+        meta={"baseline": name, "steps": int(step.max()) + 1 if len(step) else 0},
+    )
+    return simulate(planned).retimed(planned)
+
+
+def _all_chunks(d: Demand) -> np.ndarray:
+    return np.arange(d.num_chunks, dtype=np.int64)
+
+
+# ---- ring ----------------------------------------------------------------------------------
+def _ring(plan: _Plan) -> None:
+    d = plan.d
+    n, k, root = d.n, d.chunks, d.root
+    r = np.arange(n)
+    nxt = (r + 1) % n
+    c = d.collective
+    if c in (C.REDUCESCATTER, C.ALLREDUCE):
+        for s in range(n - 1):
+            plan.pieces(s, r, nxt, (r - s - 1) % n, Op.REDUCE)
+    if c in (C.ALLGATHER, C.ALLREDUCE):
+        base = n - 1 if c is C.ALLREDUCE else 0
+        for s in range(n - 1):
+            plan.pieces(base + s, r, nxt, (r - s) % n, Op.COPY)
+    if c in (C.BROADCAST, C.REDUCE):
+        h = np.arange(n - 1)
+        first = 0 if c is C.BROADCAST else 1  # reduce: root+1 -> ... -> root
+        op = Op.COPY if c is C.BROADCAST else Op.REDUCE
+        for j in range(k):
+            plan.send(h + j, (root + first + h) % n, (root + first + h + 1) % n, j, op)
+    if c is C.GATHER:  # piece of relative rank i walks i -> i+1 -> ... -> n (= root)
+        for i in range(1, n):
+            hops = np.arange(i, n)
+            plan.pieces(hops - i, (root + hops) % n, (root + hops + 1) % n, (root + i) % n,
+                        Op.COPY)
+    if c is C.SCATTER:  # farthest piece first, each walks 0 -> 1 -> ... -> i
+        for i in range(1, n):
+            hops = np.arange(i)
+            plan.pieces(n - 1 - i + hops, (root + hops) % n, (root + hops + 1) % n,
+                        (root + i) % n, Op.COPY)
+    if c is C.ALLTOALL:  # chunk a->b takes (b - a) mod n hops along the ring
+        for hop in range(1, n):
+            a, dist = np.meshgrid(r, np.arange(hop, n), indexing="ij")
+            b = (a + dist) % n
+            at = (a + hop - 1) % n
+            plan.send(hop - 1, at[..., None], ((at + 1) % n)[..., None],
+                      ((a * n + b) * k)[..., None] + np.arange(k), Op.COPY)
+
+
+# ---- direct --------------------------------------------------------------------------------
+def _direct(plan: _Plan) -> None:
+    d = plan.d
+    n, k, root = d.n, d.chunks, d.root
+    r = np.arange(n)
+    c = d.collective
+    for j in range(1, n):
+        peer = (r + j) % n
+        if c in (C.REDUCESCATTER, C.ALLREDUCE):
+            plan.pieces(j - 1, r, peer, peer, Op.REDUCE)
+        if c in (C.ALLGATHER, C.ALLREDUCE):
+            plan.pieces(j - 1 + (n - 1 if c is C.ALLREDUCE else 0), r, peer, r, Op.COPY)
+        other = (root + j) % n
+        if c is C.BROADCAST:
+            plan.send(j - 1, root, other, _all_chunks(d), Op.COPY)
+        if c is C.REDUCE:
+            plan.send(j - 1, other, root, _all_chunks(d), Op.REDUCE)
+        if c is C.GATHER:
+            plan.pieces(j - 1, other, root, other, Op.COPY)
+        if c is C.SCATTER:
+            plan.pieces(j - 1, root, other, other, Op.COPY)
+        if c is C.ALLTOALL:
+            plan.send(j - 1, r[:, None], peer[:, None],
+                      ((r * n + peer) * k)[:, None] + np.arange(k), Op.COPY)
+
+
+# ---- recursive halving / doubling ----------------------------------------------------------
+def _rhd(plan: _Plan) -> None:
+    d = plan.d
+    n = d.n
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    c = d.collective
+    levels = p.bit_length() - 1
+    owned = [[i] + ([p + i] if i < extra else []) for i in range(p)]
+
+    def block(lo: int, size: int) -> list[int]:
+        return [x for v in range(lo, lo + size) for x in owned[v]]
+
+    step = 0
+    ext = np.arange(extra)
+    if extra:  # fold: extra rank p+i hands its data to rank i
+        if c is C.ALLGATHER:
+            plan.pieces(step, p + ext, ext, p + ext, Op.COPY)
+        else:
+            for i in range(extra):
+                plan.send(step, p + i, i, _all_chunks(d), Op.REDUCE)
+        step += 1
+    if c in (C.REDUCESCATTER, C.ALLREDUCE):
+        for lvl in reversed(range(levels)):
+            dist = 1 << lvl
+            for i in range(p):
+                j = i ^ dist
+                plan.pieces(step, i, j, block(j & ~(dist - 1), dist), Op.REDUCE)
+            step += 1
+    if c in (C.ALLGATHER, C.ALLREDUCE):
+        for lvl in range(levels):
+            dist = 1 << lvl
+            for i in range(p):
+                j = i ^ dist
+                plan.pieces(step, i, j, block(i & ~(dist - 1), dist), Op.COPY)
+            step += 1
+    if extra:  # unfold: rank i returns what rank p+i must end with
+        for i in range(extra):
+            if c is C.REDUCESCATTER:
+                plan.pieces(step, i, p + i, p + i, Op.COPY)
+            else:
+                want = [x for x in range(n) if x != p + i] if c is C.ALLGATHER else range(n)
+                plan.pieces(step, i, p + i, list(want), Op.COPY)
+
+
+# ---- double binary tree --------------------------------------------------------------------
+def btree_parents(n: int) -> list[int]:
+    """NCCL's binary tree over ranks 0..n-1 (``ncclGetBtree``): parent per rank, -1 at 0."""
+    parent = [-1] * n
+    for rank in range(1, n):
+        bit = 1
+        while bit < n and not bit & rank:
+            bit <<= 1
+        up = (rank ^ bit) | (bit << 1)
+        if up >= n:
+            up = rank ^ bit
+        parent[rank] = up
+    return parent
+
+
+def dtree_parents(n: int) -> tuple[list[int], list[int]]:
+    """NCCL's two complementary trees: the second is the first mirrored (even n) or shifted
+    by one (odd n), so most leaves of one are inner nodes of the other."""
+    t0 = btree_parents(n)
+    if n % 2:
+        t1 = [-1 if t0[(r - 1) % n] < 0 else (t0[(r - 1) % n] + 1) % n for r in range(n)]
+    else:
+        t1 = [-1 if t0[n - 1 - r] < 0 else n - 1 - t0[n - 1 - r] for r in range(n)]
+    return t0, t1
+
+
+def _shape(parent: Sequence[int]) -> tuple[int, list[int], list[int]]:
+    """Root, height above the deepest leaf below, and depth of every node."""
+    n = len(parent)
+    root = parent.index(-1)
+    children: list[list[int]] = [[] for _ in range(n)]
+    for v, u in enumerate(parent):
+        if u >= 0:
+            children[u].append(v)
+    depth = [0] * n
+    order = [root]
+    for v in order:
+        for w in children[v]:
+            depth[w] = depth[v] + 1
+            order.append(w)
+    height = [0] * n
+    for v in reversed(order):
+        for w in children[v]:
+            height[v] = max(height[v], height[w] + 1)
+    return root, height, depth
+
+
+def _dbt(plan: _Plan) -> None:
+    d = plan.d
+    n, root = d.n, d.root
+    c = d.collective
+    shift = 0 if c is C.ALLREDUCE else root  # rooted collectives: tree 0 rooted at ``root``
+    trees = []
+    for par in dtree_parents(n):
+        rel = [par[(v - shift) % n] for v in range(n)]  # parent in relative labels
+        parent = [-1 if u < 0 else (u + shift) % n for u in rel]
+        trees.append((parent, *_shape(parent)))
+    for ch in range(d.num_chunks):
+        parent, troot, height, depth = trees[ch % 2]
+        j = ch // 2
+        up_op = Op.REDUCE
+        kids = [v for v in range(n) if parent[v] >= 0]
+        top = height[troot]
+        if c in (C.ALLREDUCE, C.REDUCE):
+            for v in kids:
+                plan.send(j + height[v], v, parent[v], ch, up_op)
+        if c is C.ALLREDUCE:
+            for v in kids:
+                plan.send(j + top + depth[v] - 1, parent[v], v, ch, Op.COPY)
+        if c is C.REDUCE and troot != root:
+            plan.send(j + top, troot, root, ch, Op.COPY)
+        if c is C.BROADCAST:
+            lead = 0
+            if troot != root:
+                plan.send(j, root, troot, ch, Op.COPY)
+                lead = 1
+            for v in kids:
+                if v != root:
+                    plan.send(j + lead + depth[v] - 1, parent[v], v, ch, Op.COPY)
+
+
+# ---- hierarchical --------------------------------------------------------------------------
+def _grid(fabric: Topology, demand: Demand) -> np.ndarray | str:
+    """Coordinates (n x dims) of the demand's ranks on a full grid, or why there is none."""
+    ranks = list(demand.ranks)
+    npus = fabric.all_npus
+    if fabric.dims and int(np.prod(fabric.dims)) == len(npus):
+        pos = {v: i for i, v in enumerate(npus)}
+        idx = np.array([pos[v] for v in ranks], dtype=np.int64)
+        cols = []
+        for size in fabric.dims:
+            cols.append(idx % size)
+            idx = idx // size
+        coords = np.stack(cols, axis=1)
+        source = "dims"
+    elif fabric.names and all("/" in fabric.names[v] for v in ranks):
+        hosts: dict[str, list[int]] = {}
+        for v in ranks:
+            hosts.setdefault(fabric.names[v].split("/", 1)[0], []).append(v)
+        local = {v: i for members in hosts.values() for i, v in enumerate(sorted(members))}
+        host_of = {v: h for h, members in enumerate(hosts.values()) for v in members}
+        coords = np.array([[local[v], host_of[v]] for v in ranks], dtype=np.int64)
+        source = "host names"
+    else:
+        return f"fabric {fabric.name} has no dims and no host/ node names to form levels"
+    sizes = []
+    for k in range(coords.shape[1]):
+        _, coords[:, k] = np.unique(coords[:, k], return_inverse=True)
+        sizes.append(int(coords[:, k].max()) + 1)
+    keep = [k for k, sz in enumerate(sizes) if sz > 1]
+    coords = coords[:, keep]
+    full = int(np.prod([sizes[k] for k in keep])) if keep else 1
+    if not keep or full != len(ranks) or len({tuple(x) for x in coords.tolist()}) != len(ranks):
+        return (
+            f"the tenant's ranks do not fill a grid of the fabric's {source} "
+            f"({len(ranks)} ranks)"
+        )
+    return coords
+
+
+def _hierarchical(plan: _Plan, coords: np.ndarray) -> None:
+    d = plan.d
+    n, ndim = d.n, coords.shape[1]
+    sizes = [int(coords[:, k].max()) + 1 for k in range(ndim)]
+    at = {tuple(x): r for r, x in enumerate(coords.tolist())}
+
+    def phase(k: int, step: int, reduce: bool) -> int:
+        size = sizes[k]
+        blocks: dict[tuple[int, ...], list[int]] = {}
+        for p in range(n):
+            blocks.setdefault((*coords[p, :k].tolist(), int(coords[p, k])), []).append(p)
+        for s in range(size - 1):
+            for x in range(n):
+                i = int(coords[x, k])
+                nxt = coords[x].copy()
+                nxt[k] = (i + 1) % size
+                b = (i - s - 1) % size if reduce else (i - s) % size
+                pieces = blocks[(*coords[x, :k].tolist(), b)]
+                plan.pieces(step + s, x, at[tuple(nxt.tolist())], pieces,
+                            Op.REDUCE if reduce else Op.COPY)
+        return step + size - 1
+
+    step = 0
+    c = d.collective
+    if c in (C.REDUCESCATTER, C.ALLREDUCE):
+        for k in range(ndim):
+            step = phase(k, step, True)
+    if c in (C.ALLGATHER, C.ALLREDUCE):
+        for k in reversed(range(ndim)):
+            step = phase(k, step, False)
+
+
+def check_name(name: str) -> str:
+    """Normalize a baseline name from user input."""
+    key = name.strip().lower()
+    if key not in SUPPORT:
+        raise InputError(f"baseline: unknown {name!r} (known: {', '.join(BASELINES)})")
+    return key

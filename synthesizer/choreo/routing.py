@@ -1,0 +1,115 @@
+"""Shortest-path routing of rank-to-rank sends for algorithms that ignore the topology.
+
+Fixed algorithms (Ring, Direct, trees, ...) name a peer, not a link. A send between NPUs that
+share a cable uses that link; any other send becomes a *circuit*: a logical link whose ``via``
+is the shortest physical path (through switches and, where needed, other NPUs), held for the
+whole transfer. Relaying through an NPU as store-and-forward would need the relay to keep a
+second copy of the chunk, which the schedule model does not have (one state per NPU and chunk),
+so a relay that is itself a member of a reduction would lose its own contribution.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+import numpy as np
+
+from choreo.errors import InputError
+from choreo.topology import Link, Topology
+
+
+class Router:
+    """Cheapest paths on the fabric's usable links for a given chunk size (Dijkstra, cached
+    per source; ties go to the lower link index so routes are reproducible)."""
+
+    def __init__(self, fabric: Topology, nbytes: float) -> None:
+        self.fabric = fabric
+        self.cost = [lk.alpha + nbytes / lk.bandwidth for lk in fabric.links]
+        self._pred: dict[int, list[int]] = {}
+
+    def _tree(self, src: int) -> list[int]:
+        if src in self._pred:
+            return self._pred[src]
+        fab = self.fabric
+        dist = [float("inf")] * fab.num_nodes
+        pred = [-1] * fab.num_nodes
+        dist[src] = 0.0
+        heap = [(0.0, src)]
+        while heap:
+            d, v = heapq.heappop(heap)
+            if d > dist[v]:
+                continue
+            for i in fab.out_links(v):
+                if not fab.usable(i):
+                    continue
+                w = fab.links[i].dst
+                nd = d + self.cost[i]
+                if nd < dist[w]:
+                    dist[w] = nd
+                    pred[w] = i
+                    heapq.heappush(heap, (nd, w))
+        self._pred[src] = pred
+        return pred
+
+    def path(self, a: int, b: int) -> tuple[int, ...]:
+        """Fabric link ids from NPU ``a`` to NPU ``b``."""
+        pred = self._tree(a)
+        out: list[int] = []
+        v = b
+        while v != a:
+            i = pred[v]
+            if i < 0:
+                raise InputError(
+                    f"{self.fabric.name}: no usable path from {self.fabric.node_name(a)} to "
+                    f"{self.fabric.node_name(b)}"
+                )
+            out.append(i)
+            v = self.fabric.links[i].src
+        return tuple(reversed(out))
+
+
+def route(
+    fabric: Topology, pairs: Iterable[tuple[int, int]], nbytes: float
+) -> tuple[Topology, dict[tuple[int, int], int]]:
+    """A routing topology (the fabric's links at their own indices, then one circuit per
+    multi-hop pair) and the link each (src NPU, dst NPU) pair uses."""
+    router = Router(fabric, nbytes)
+    links = list(fabric.links)
+    chosen: dict[tuple[int, int], int] = {}
+    for a, b in sorted(set(pairs)):
+        path = router.path(a, b)
+        if len(path) == 1:
+            chosen[(a, b)] = path[0]
+            continue
+        hops = [fabric.links[i] for i in path]
+        slowest = min(range(len(hops)), key=lambda j: (hops[j].bandwidth, j))
+        links.append(
+            Link(a, b, sum(h.alpha for h in hops), hops[slowest].bandwidth,
+                 hops[slowest].kind, True, path)
+        )
+        chosen[(a, b)] = len(links) - 1
+    topo = Topology(
+        name=f"{fabric.name}/routed",
+        kinds=fabric.kinds,
+        links=tuple(links),
+        failed=fabric.failed,
+        names=fabric.names,
+        dims=fabric.dims,
+    )
+    return topo, chosen
+
+
+def pair_links(
+    chosen: dict[tuple[int, int], int], src: np.ndarray, dst: np.ndarray
+) -> np.ndarray:
+    """Vectorized lookup of the routed link for arrays of (src, dst) NPUs."""
+    if not len(src):
+        return np.zeros(0, dtype=np.int64)
+    keys = np.array(sorted(chosen), dtype=np.int64).reshape(-1, 2)
+    span = int(max(keys.max(), src.max(), dst.max())) + 1
+    flat = keys[:, 0] * span + keys[:, 1]
+    vals = np.array([chosen[(int(a), int(b))] for a, b in keys], dtype=np.int64)
+    order = np.argsort(flat)
+    idx = np.searchsorted(flat[order], src.astype(np.int64) * span + dst)
+    return vals[order][idx]
