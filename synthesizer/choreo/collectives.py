@@ -10,8 +10,8 @@ destinations must hold the reduction of all contributions, each exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from enum import StrEnum
+from functools import cached_property
 
 import numpy as np
 
@@ -36,7 +36,8 @@ class Collective(StrEnum):
 
     @property
     def rooted(self) -> bool:
-        return self in (Collective.BROADCAST, Collective.REDUCE, Collective.GATHER, Collective.SCATTER)
+        return self in (Collective.BROADCAST, Collective.REDUCE, Collective.GATHER,
+                        Collective.SCATTER)
 
     @classmethod
     def parse(cls, text: str, where: str = "collective") -> Collective:
@@ -63,7 +64,8 @@ class Demand:
     def __post_init__(self) -> None:
         where = f"tenant {self.name!r}" if self.name else "demand"
         if len(self.ranks) < 2:
-            raise InputError(f"{where}.ranks: a collective needs at least 2 NPUs, got {len(self.ranks)}")
+            raise InputError(
+                f"{where}.ranks: a collective needs at least 2 NPUs, got {len(self.ranks)}")
         if len(set(self.ranks)) != len(self.ranks):
             raise InputError(f"{where}.ranks: an NPU is listed twice")
         if not 0 < self.size <= MAX_SIZE:

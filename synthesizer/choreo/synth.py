@@ -20,10 +20,13 @@ from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError, InputError
 from choreo.schedule import Op, Schedule
 from choreo.topology import Topology
+from choreo.transforms import restrict
 
 # Each chunk should be large against alpha * bandwidth, or per-transfer latency dominates.
 CHUNK_ALPHA_FACTOR = 50.0
 MAX_TOTAL_CHUNKS = 8192
+MAX_CHUNKS_PER_PIECE = 8
+MAX_CHUNKS_ROOTED = 64
 
 
 @dataclass(frozen=True)
@@ -39,21 +42,18 @@ class SynthOptions:
 
 
 def auto_chunks(topology: Topology, collective: Collective, size: int, n: int) -> int:
-    """Chunks per rank piece: as many as keep each chunk >> alpha * bandwidth, within bounds."""
+    """Chunks per rank piece: as many as keep each chunk >> alpha * bandwidth, within bounds.
+
+    Rooted one-to-all collectives (Broadcast, Reduce) have a single piece and need many
+    chunks to pipeline; the others already have ``n`` pieces in flight.
+    """
     links = [topology.links[i] for i in topology.usable_links()]
-    if not links:
-        return 1
-    latency_bytes = max(link.alpha * link.bandwidth for link in links)
-    piece = size / (1 if collective in (Collective.BROADCAST, Collective.REDUCE) else n)
-    if collective is Collective.ALLTOALL:
-        piece = size / (n * n)
-    if latency_bytes <= 0:
-        chunks = 4
-    else:
-        chunks = int(piece // (CHUNK_ALPHA_FACTOR * latency_bytes))
-    per_piece_cap = max(1, MAX_TOTAL_CHUNKS // max(1, n if collective is not Collective.ALLTOALL
-                                                     else n * n))
-    return max(1, min(chunks, 8, per_piece_cap))
+    latency_bytes = max((lk.alpha * lk.bandwidth for lk in links), default=0.0)
+    pieces = {Collective.BROADCAST: 1, Collective.REDUCE: 1, Collective.ALLTOALL: n * n}
+    count = pieces.get(collective, n)
+    wanted = 64 if latency_bytes <= 0 else int(size / count // (CHUNK_ALPHA_FACTOR * latency_bytes))
+    cap = MAX_CHUNKS_ROOTED if count == 1 else MAX_CHUNKS_PER_PIECE
+    return max(1, min(wanted, cap, MAX_TOTAL_CHUNKS // count))
 
 
 def check_demands(fabric: Topology, demands: Sequence[Demand], relay: bool) -> None:
@@ -67,7 +67,7 @@ def check_demands(fabric: Topology, demands: Sequence[Demand], relay: bool) -> N
                 raise InputError(f"{where}.ranks: {r} is not an NPU of fabric {fabric.name!r}")
             if r in fabric.failed:
                 raise InfeasibleError(f"{where}.ranks: NPU {fabric.node_name(r)} has failed")
-        view = fabric if relay else _restrict(fabric, set(d.ranks))
+        view = restrict(fabric, d.ranks, relay)
         try:
             view.check_connected(list(d.ranks), where)
         except InputError as err:
@@ -83,8 +83,7 @@ def synthesize(
     check_demands(fabric, demands, opts.relay)
     best: Schedule | None = None
     for topology in _logical_views(fabric, opts):
-        if not opts.relay:
-            topology = _restrict(topology, {r for d in demands for r in d.ranks})
+        topology = restrict(topology, {r for d in demands for r in d.ranks}, opts.relay)
         sched = _synthesize_on(fabric, topology, demands, opts)
         if best is None or sched.makespan < best.makespan:
             best = sched
@@ -103,12 +102,6 @@ def _logical_views(fabric: Topology, opts: SynthOptions) -> list[Topology]:
     )
     degrees = opts.degrees or tuple(candidate_degrees(max(ports, 2)))
     return [unwind(fabric, d) for d in degrees]
-
-
-def _restrict(topology: Topology, npus: set[int]) -> Topology:
-    """Only links between the given NPUs: no other NPU may relay."""
-    keep = [link for link in topology.links if link.src in npus and link.dst in npus]
-    return topology.with_links(keep)
 
 
 # ---- one synthesis on a switch-free logical topology --------------------------------------

@@ -212,7 +212,7 @@ def read_document(path: str | Path) -> Any:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"{path}: no such topology file") from None
+        raise InputError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read: {exc}") from None
     if p.suffix.lower() == ".json":

@@ -1,0 +1,172 @@
+"""``choreo bench``: synthesis time and schedule quality, measured here, against targets.
+
+Every case runs in a fresh process so its time and peak memory are its own. Each row prints
+the measured value, the target, and the published reference it compares with.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import resource
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+GIB = 1 << 30
+
+# TACOS Table V: 3D-RFS All-Reduce time normalized to TACOS (Ring, RHD, Direct, DBT).
+TABLE_V = {16: (7.14, 5.27, 4.04, 47.13), 32: (5.10, 4.42, 7.86, 58.35),
+           64: (4.80, 5.83, 16.84, 121.31), 128: (4.82, 9.85, 36.02, 294.15)}
+TABLE_V_BASELINES = ("ring", "rhd", "direct", "dbt")
+
+
+@dataclass
+class Row:
+    group: str
+    case: str
+    measured: str
+    target: str
+    reference: str
+    ok: bool | None
+    value: float
+
+
+def _synth_case(topology: str, collective: str, size: int, chunks: int | None,
+                restarts: int, evaluate_it: bool) -> dict[str, Any]:
+    """Runs in a child process: synthesize once, then (optionally) verify and compare."""
+    from choreo.collectives import Collective, Demand
+    from choreo.generators import build
+    from choreo.synth import SynthOptions, auto_chunks, synthesize
+
+    fabric = build(topology)
+    coll = Collective.parse(collective)
+    npus = tuple(fabric.npus)
+    c = chunks or auto_chunks(fabric, coll, size, len(npus))
+    demand = Demand(coll, npus, size, c)
+    started = time.perf_counter()
+    sched = synthesize(fabric, [demand], SynthOptions(restarts=restarts))
+    seconds = time.perf_counter() - started
+    out: dict[str, Any] = {"seconds": seconds, "transfers": len(sched), "chunks": c,
+                           "makespan": sched.makespan}
+    if evaluate_it:
+        from choreo.report import evaluate
+
+        ev = evaluate(sched)
+        t = ev.tenants[0]
+        out.update(verified=ev.verdict.ok, time=t.time, bound=t.bound,
+                   fraction=t.fraction_of_bound, baselines=t.baselines)
+    out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return out
+
+
+def _in_child(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _scale_rows(quick: bool) -> list[Row]:
+    rows = []
+    cases = [("torus-32x32", "allgather", 1, 0.5, "TACOS public code ~60 s here")]
+    if not quick:
+        cases += [
+            ("3d-rfs-512", "allreduce", None, 2.0, "TACOS paper 6.09 min"),
+            ("3d-rfs-1024", "allreduce", None, 10.0, "TACOS paper 2.78 h"),
+            ("torus-64x64", "allgather", 1, 30.0, "-"),
+        ]
+    for topo, coll, chunks, target, ref in cases:
+        r = _in_child(_synth_case, topo, coll, GIB, chunks, 1, False)
+        rows.append(Row("synthesis time", f"{topo} {coll} C={r['chunks']} ({r['transfers']:,} "
+                        "transfers)", f"{r['seconds']:.2f} s", f"<= {target:g} s", ref,
+                        r["seconds"] <= target, r["seconds"]))
+        if topo == "torus-64x64":
+            gib = r["peak_rss"] / GIB
+            rows.append(Row("peak memory", f"{topo} {coll}", f"{gib:.2f} GiB", "<= 8 GiB", "-",
+                            gib <= 8, gib))
+    return rows
+
+
+def _growth_rows(quick: bool) -> list[Row]:
+    rows = []
+    sizes = [16, 64, 128] if quick else [16, 64, 128, 256, 512, 1024]
+    prev: tuple[int, float] | None = None
+    for n in sizes:
+        r = _in_child(_synth_case, f"3d-rfs-{n}", "allreduce", GIB, 1, 1, False)
+        growth = "-"
+        if prev is not None and prev[1] > 0:
+            import math
+
+            exponent = math.log(r["seconds"] / prev[1]) / math.log(n / prev[0])
+            growth = f"time ~ N^{exponent:.2f} since N={prev[0]}"
+        rows.append(Row("growth with N", f"3d-rfs-{n} allreduce C=1", f"{r['seconds']:.3f} s",
+                        "report", growth, None, r["seconds"]))
+        prev = (n, r["seconds"])
+    return rows
+
+
+QUALITY = [  # topology, collective, minimum fraction of the lower bound
+    ("torus-8x8", "allgather", 0.95), ("torus-8x8", "allreduce", 0.95),
+    ("torus-4x4x4", "allreduce", 0.95), ("hypercube-4x4x4", "allreduce", 0.95),
+    ("hypercube-8x8x8", "allgather", 0.95),
+    ("3d-rfs-64", "allreduce", 0.85), ("3d-rfs-128", "allreduce", 0.85),
+    ("dgx-h100-4", "allreduce", 0.85), ("dgx-h100-8", "allgather", 0.85),
+]
+QUALITY_QUICK = {"torus-8x8", "3d-rfs-64", "dgx-h100-4"}
+
+
+def _quality_rows(quick: bool) -> list[Row]:
+    rows = []
+    for topo, coll, floor in QUALITY:
+        if quick and topo not in QUALITY_QUICK:
+            continue
+        r = _in_child(_synth_case, topo, coll, GIB, None, 4, True)
+        best = min(r["baselines"].items(), key=lambda kv: kv[1]) if r["baselines"] else None
+        ref = f"best baseline {best[0]} {best[1] / r['time']:.2f}x slower" if best else "-"
+        ok = r["verified"] and r["fraction"] >= floor and (best is None or best[1] >= r["time"])
+        rows.append(Row("quality 1 GiB", f"{topo} {coll} C={r['chunks']}",
+                        f"{r['fraction']:.1%} of bound", f">= {floor:.0%}, >= best baseline",
+                        ref, ok, r["fraction"]))
+    return rows
+
+
+def _table_v_rows(quick: bool) -> list[Row]:
+    rows = []
+    for n, paper in TABLE_V.items():
+        if quick and n > 64:
+            continue
+        r = _in_child(_synth_case, f"3d-rfs-{n}", "allreduce", GIB, None, 4, True)
+        ours = [r["baselines"].get(b, float("nan")) / r["time"] for b in TABLE_V_BASELINES]
+        ok = all(o >= p for o, p in zip(ours, paper, strict=True))
+        rows.append(Row("TACOS Table V", f"3d-rfs-{n} allreduce speedup (ring/rhd/direct/dbt)",
+                        " / ".join(f"{x:.2f}" for x in ours), "reproduce or beat",
+                        "paper " + " / ".join(f"{x:g}" for x in paper), ok, ours[0]))
+    return rows
+
+
+def run_bench(quick: bool, only: str | None, json_path: str | None, console: Console) -> int:
+    groups: list[tuple[str, Callable[[bool], list[Row]]]] = [
+        ("scale", _scale_rows), ("growth", _growth_rows),
+        ("quality", _quality_rows), ("tablev", _table_v_rows),
+    ]
+    rows: list[Row] = []
+    for name, fn in groups:
+        if only and only not in name:
+            continue
+        with console.status(f"benchmark: {name}"):
+            rows.extend(fn(quick))
+    table = Table(title="choreo bench (this machine: measured now)")
+    for col in ("group", "case", "measured", "target", "reference", "ok"):
+        table.add_column(col)
+    for r in rows:
+        mark = "-" if r.ok is None else ("yes" if r.ok else "NO")
+        table.add_row(r.group, r.case, r.measured, r.target, r.reference, mark)
+    console.print(table)
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump([asdict(r) for r in rows], fh, indent=2)
+    return 0

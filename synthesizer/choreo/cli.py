@@ -1,0 +1,298 @@
+"""The ``choreo`` command: synthesize, simulate, verify, list topologies, benchmark.
+
+Errors a user can fix are printed as one ``error: ...`` line naming the field and exit 2;
+nothing is written unless the whole result is ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from choreo.collectives import Collective, Demand, parse_size
+from choreo.errors import ChoreoError, InputError
+from choreo.report import Evaluation, evaluate
+from choreo.schedule import Schedule
+from choreo.topology import Topology
+
+console = Console(stderr=False, highlight=False)
+status_console = Console(stderr=True, highlight=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ChoreoError as err:
+        status_console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        status_console.print("interrupted")
+        return 130
+    except Exception as err:  # a bug: say so plainly, show the traceback only on request
+        if os.environ.get("CHOREO_DEBUG"):
+            raise
+        status_console.print(f"internal error: {type(err).__name__}: {err} "
+                             "(set CHOREO_DEBUG=1 for a traceback)")
+        return 70
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="choreo", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(metavar="COMMAND")
+
+    s = sub.add_parser("synthesize", help="synthesize a collective schedule for a topology")
+    s.add_argument("--topology", "-t", default="3d-rfs-64",
+                   help="built-in name (see `choreo topologies`) or a YAML/JSON file")
+    s.add_argument("--collective", "-c", default="allreduce",
+                   help=", ".join(c.value for c in Collective))
+    s.add_argument("--size", "-s", default="1GiB", help="bytes, nccl-tests convention (1GiB, 64MB)")
+    s.add_argument("--chunks", type=int,
+                   help="chunks per rank piece (default: from size, alpha, beta)")
+    s.add_argument("--root", type=int, default=0, help="root rank of rooted collectives")
+    s.add_argument("--fail", default="", help="failures, e.g. npu:7,link:3-4,degrade:1-2:0.5")
+    s.add_argument("--tenants", help="YAML/JSON file of several tenants (replaces -c/-s)")
+    s.add_argument("--no-relay", action="store_true", help="only a tenant's own NPUs may forward")
+    s.add_argument("--restarts", type=int, default=4, help="randomized restarts (best kept)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", "-o", help="directory for schedule.json, summary.json and plots")
+    s.add_argument("--plot", action="store_true", help="also write utilization.png, timeline.png")
+    s.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
+    s.set_defaults(func=cmd_synthesize)
+
+    t = sub.add_parser("topologies", help="list the built-in topologies")
+    t.add_argument("name", nargs="?", help="show one topology's size and bandwidths")
+    t.set_defaults(func=cmd_topologies)
+
+    v = sub.add_parser("verify", help="check a schedule.json with the independent verifier")
+    v.add_argument("schedule")
+    v.set_defaults(func=cmd_verify)
+
+    m = sub.add_parser("simulate", help="simulate a schedule.json and compare with baselines")
+    m.add_argument("schedule")
+    m.add_argument("--no-baselines", action="store_true")
+    m.set_defaults(func=cmd_simulate)
+
+    b = sub.add_parser("bench", help="synthesis time and quality benchmark table")
+    b.add_argument("--quick", action="store_true", help="small instances only (about a minute)")
+    b.add_argument("--only", help="run only benchmarks whose name contains this text")
+    b.add_argument("--json", help="also write the rows to this file")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+# ---- synthesize ------------------------------------------------------------------------------
+
+
+def load_fabric(spec: str, failures: str = "") -> Topology:
+    from choreo.topofile import load_topology
+    from choreo.transforms import apply_failures
+
+    fabric = load_topology(spec)
+    return apply_failures(fabric, failures) if failures else fabric
+
+
+def build_demands(args: argparse.Namespace, fabric: Topology) -> tuple[list[Demand], bool]:
+    from choreo.synth import auto_chunks
+    from choreo.tenants import TenantSpec, load_tenants
+
+    if args.tenants:
+        specs, relay = load_tenants(args.tenants, fabric)
+    else:
+        specs = [TenantSpec(name="", ranks=tuple(fabric.npus),
+                            collective=Collective.parse(args.collective, "--collective"),
+                            size=parse_size(args.size, "--size"), chunks=args.chunks,
+                            root=args.root)]
+        relay = True
+        if args.chunks is not None and args.chunks < 1:
+            raise InputError(f"--chunks: must be at least 1, got {args.chunks}")
+        if len(specs[0].ranks) < 2:
+            raise InputError(f"--topology: {fabric.name} has {len(specs[0].ranks)} live NPU(s); "
+                             "a collective needs at least 2")
+    demands = [s.demand(auto_chunks(fabric, s.collective, s.size, len(s.ranks))) for s in specs]
+    return demands, relay and not args.no_relay
+
+
+def cmd_synthesize(args: argparse.Namespace) -> int:
+    from choreo.synth import SynthOptions, synthesize
+
+    if args.restarts < 1:
+        raise InputError("--restarts: must be at least 1")
+    fabric = load_fabric(args.topology, args.fail)
+    demands, relay = build_demands(args, fabric)
+    with progress() as step:
+        step(f"synthesizing on {fabric.name}")
+        started = time.perf_counter()
+        sched = synthesize(fabric, demands, SynthOptions(restarts=args.restarts, seed=args.seed,
+                                                         relay=relay))
+        seconds = time.perf_counter() - started
+        sched.meta["synthesis_seconds"] = seconds
+        ev = evaluate(sched, baselines=not args.no_baselines, step=step)
+        files: dict[str, Callable[[], bytes]] = {}
+        if args.out:
+            files["schedule.json"] = lambda: json.dumps(sched.to_dict(),
+                                                        separators=(",", ":")).encode()
+            files["summary.json"] = lambda: json.dumps(ev.to_dict(), indent=2).encode()
+            if args.plot:
+                from choreo import plots
+
+                files["utilization.png"] = lambda: plots.utilization_heatmap(sched, ev.sim)
+                files["timeline.png"] = lambda: plots.timeline(sched, ev.sim)
+            step("writing results")
+            write_all(Path(args.out), files)
+    print_evaluation(ev, seconds)
+    if args.out:
+        console.print(f"wrote {', '.join(files)} to {args.out}")
+    return 0 if ev.verdict.ok else 1
+
+
+def write_all(out: Path, files: dict[str, Callable[[], bytes]]) -> None:
+    """Render every file first, then move them in: a failure leaves no partial output."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name, render in files.items():
+            (staging / name).write_bytes(render())
+        out.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def progress() -> Iterator[Callable[[str], None]]:
+    """A spinner with the current step on a terminal; silent otherwise."""
+    if not status_console.is_terminal:
+        yield lambda _msg: None
+        return
+    with status_console.status("starting") as status:
+        yield lambda msg: status.update(msg)
+
+
+def _fmt_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _fmt_size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def print_evaluation(ev: Evaluation, seconds: float | None = None) -> None:
+    """One block per tenant: its time against the bound, then against every baseline."""
+    sched = ev.schedule
+    console.print(f"[bold]{sched.engine}[/] schedule on [bold]{sched.topology.name}[/]: "
+                  f"{len(sched):,} transfers, " + ("[green]verified[/]" if ev.verdict.ok
+                                                   else "[red]FAILED verification[/]")
+                  + (f", synthesized in {_fmt_time(seconds)}" if seconds is not None else ""))
+    for err in ev.verdict.errors[:10]:
+        console.print(f"  [red]{err}[/]")
+    for t in ev.tenants:
+        table = Table(title=f"{t.name}: {t.collective} of {_fmt_size(t.size)} on {t.npus} NPUs, "
+                      f"{t.chunks} chunk(s) per piece", title_justify="left", show_header=True)
+        table.add_column("algorithm")
+        table.add_column("time", justify="right")
+        table.add_column("algbw GB/s", justify="right")
+        table.add_column("busbw GB/s", justify="right")
+        table.add_column("vs choreo", justify="right")
+        factor = t.busbw / t.algbw if t.algbw else 1.0
+        table.add_row("[bold]choreo[/]", _fmt_time(t.time), f"{t.algbw / 1e9:.1f}",
+                      f"{t.busbw / 1e9:.1f}", "1.00x")
+        table.add_row("lower bound", _fmt_time(t.bound), f"{t.size / t.bound / 1e9:.1f}",
+                      f"{factor * t.size / t.bound / 1e9:.1f}",
+                      f"choreo at {t.fraction_of_bound:.1%}")
+        for name, bt in sorted(t.baselines.items(), key=lambda kv: kv[1]):
+            table.add_row(name, _fmt_time(bt), f"{t.size / bt / 1e9:.1f}",
+                          f"{factor * t.size / bt / 1e9:.1f}", f"{bt / t.time:.2f}x slower"
+                          if bt >= t.time else f"{t.time / bt:.2f}x faster")
+        console.print(table)
+        console.print(f"  bound: {t.bound_kind}")
+
+
+# ---- other commands --------------------------------------------------------------------------
+
+
+def cmd_topologies(args: argparse.Namespace) -> int:
+    from choreo.generators import list_builtins
+
+    if args.name:
+        topo = load_fabric(args.name)
+        npus = topo.npus
+        bws = sorted({round(lk.bandwidth / 1e9, 3) for lk in topo.links})
+        console.print(f"{topo.name}: {len(npus)} NPUs, {len(topo.switches)} switches, "
+                      f"{len(topo.links)} links, bandwidths {bws} GB/s")
+        console.print(f"min per-NPU ingress {min(topo.ingress_bandwidth(v) for v in npus) / 1e9:g}"
+                      " GB/s")
+        return 0
+    table = Table(title="built-in topologies")
+    table.add_column("name")
+    table.add_column("description")
+    for name, text in list_builtins():
+        table.add_row(name, text)
+    console.print(table)
+    return 0
+
+
+def _load_schedule(path: str) -> Schedule:
+    try:
+        return Schedule.load(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not a schedule JSON file ({err})") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(f"{path}: malformed schedule: {err}") from None
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from choreo.verify import verify
+
+    sched = _load_schedule(args.schedule)
+    verdict = verify(sched)
+    if verdict.ok:
+        console.print(f"{args.schedule}: valid ({len(sched)} transfers, "
+                      f"{len(sched.demands)} tenant(s))")
+        return 0
+    console.print(f"{args.schedule}: INVALID")
+    for err in verdict.errors:
+        console.print(f"  {err}")
+    return 1
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    sched = _load_schedule(args.schedule)
+    ev = evaluate(sched, baselines=not args.no_baselines)
+    print_evaluation(ev)
+    return 0 if ev.verdict.ok else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from choreo.bench import run_bench
+
+    return run_bench(quick=args.quick, only=args.only, json_path=args.json, console=console)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
