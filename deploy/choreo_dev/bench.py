@@ -66,7 +66,8 @@ def control_plane_rss(cluster: Cluster) -> int:
 
 def run(nodes_for_memory: int = 128, console: Console | None = None) -> int:
     """Run the benchmark on a throw-away cluster and print the table."""
-    console = console or Console()
+    # A pipe or CI log is not a terminal; give the table room instead of wrapping cells.
+    console = console or Console(width=None if sys.stdout.isatty() else 150)
     rows = [cold_build_row()]
     binaries = control_plane_binaries(build_missing=True, progress=console.log)
     rows[0] = cold_build_row()

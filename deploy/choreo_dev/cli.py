@@ -49,18 +49,25 @@ def parse_dims(text: str) -> list[int]:
     return dims
 
 
-def node_specs(args: argparse.Namespace) -> list[fabric.NodeSpec]:
+def node_specs(
+    fabric_file: str | None,
+    dims: str | None = None,
+    count: int = 8,
+    gpus: int = 8,
+    prefix: str = "gpu-node",
+    labels: Sequence[str] = (),
+) -> list[fabric.NodeSpec]:
     """Node specs from either a fabric file or the --count/--dims flags."""
-    if args.fabric:
+    if fabric_file:
         try:
-            doc = yaml.safe_load(Path(args.fabric).read_text())
+            doc = yaml.safe_load(Path(fabric_file).read_text())
         except FileNotFoundError:
-            raise DevClusterError(f"fabric description {args.fabric} does not exist") from None
+            raise DevClusterError(f"fabric description {fabric_file} does not exist") from None
         except yaml.YAMLError as exc:
-            raise DevClusterError(f"fabric description {args.fabric} is not YAML: {exc}") from None
+            raise DevClusterError(f"fabric description {fabric_file} is not YAML: {exc}") from None
         return fabric.parse(doc)
-    dims = parse_dims(args.dims) if args.dims else [args.count]
-    return fabric.grid(args.prefix, dims, args.gpus, parse_labels(args.label))
+    shape = parse_dims(dims) if dims else [count]
+    return fabric.grid(prefix, shape, gpus, parse_labels(labels))
 
 
 def _print_usage(info: ClusterInfo) -> None:
@@ -87,10 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     requested = {"kube-apiserver": args.apiserver_port} if args.apiserver_port else {}
     info = cluster.up(bins, requested, progress=_progress)
     if args.nodes or args.fabric:
-        ns = argparse.Namespace(
-            fabric=args.fabric, dims=None, count=args.nodes, gpus=8, prefix="gpu-node", label=[]
-        )
-        names = nodes.add(cluster.client(), node_specs(ns))
+        names = nodes.add(cluster.client(), node_specs(args.fabric, count=args.nodes))
         nodes.wait_ready(cluster.client(), names)
         _progress(f"{len(names)} fake GPU node(s) Ready")
     _print_usage(info)
@@ -145,7 +149,8 @@ def cmd_nodes_add(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     cluster.require_running()
     client = cluster.client()
-    names = nodes.add(client, node_specs(args))
+    specs = node_specs(args.fabric, args.dims, args.count, args.gpus, args.prefix, args.label)
+    names = nodes.add(client, specs)
     if not args.no_wait:
         nodes.wait_ready(client, names)
     shown = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")

@@ -26,7 +26,7 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-@dataclass
+@dataclass(eq=False)
 class ApiError(Exception):
     """A non-2xx answer from the API server."""
 

@@ -16,7 +16,7 @@ import yaml
 
 from choreo_dev import fabric, nodes, procs
 from choreo_dev.cluster import Cluster, ClusterInfo
-from choreo_dev.kube import ApiError, KubeClient, run_kubectl, wait_for
+from choreo_dev.kube import KubeClient, run_kubectl, wait_for
 
 
 @dataclass
@@ -87,14 +87,6 @@ class LocalCluster:
     def wait_for(self, check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
         """Poll ``check`` until it returns something truthy."""
         return wait_for(check, timeout, what, interval=0.25)
-
-    def get_or_none(self, path: str) -> dict[str, Any] | None:
-        try:
-            return dict(self.client.get(path))
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
 
 
 def leftover_processes(records: Sequence[procs.ProcRecord]) -> list[str]:
