@@ -374,22 +374,26 @@ def _hierarchical(plan: _Plan, coords: np.ndarray) -> None:
     d = plan.d
     n, ndim = d.n, coords.shape[1]
     sizes = [int(coords[:, k].max()) + 1 for k in range(ndim)]
-    at = {tuple(x): r for r, x in enumerate(coords.tolist())}
+    flat = np.zeros(n, dtype=np.int64)  # rank of each coordinate tuple, dimension 0 fastest
+    for k in reversed(range(ndim)):
+        flat = flat * sizes[k] + coords[:, k]
+    rank_at = np.empty(n, dtype=np.int64)
+    rank_at[flat] = np.arange(n)
+    strides = np.cumprod([1, *sizes[:-1]])
 
     def phase(k: int, step: int, reduce: bool) -> int:
+        """Ring along dimension k over blocks: block b of a line holds the pieces whose
+        owners agree with the line on dimensions < k and have coordinate b on k."""
         size = sizes[k]
-        blocks: dict[tuple[int, ...], list[int]] = {}
-        for p in range(n):
-            blocks.setdefault((*coords[p, :k].tolist(), int(coords[p, k])), []).append(p)
+        prefix = flat % strides[k]  # coordinates on dimensions < k
+        key = prefix * size + coords[:, k]
+        table = np.argsort(key, kind="stable").reshape(strides[k] * size, -1)
+        nxt = rank_at[flat + (((coords[:, k] + 1) % size) - coords[:, k]) * strides[k]]
+        i = coords[:, k]
         for s in range(size - 1):
-            for x in range(n):
-                i = int(coords[x, k])
-                nxt = coords[x].copy()
-                nxt[k] = (i + 1) % size
-                b = (i - s - 1) % size if reduce else (i - s) % size
-                pieces = blocks[(*coords[x, :k].tolist(), b)]
-                plan.pieces(step + s, x, at[tuple(nxt.tolist())], pieces,
-                            Op.REDUCE if reduce else Op.COPY)
+            b = (i - s - 1) % size if reduce else (i - s) % size
+            plan.pieces(step + s, np.arange(n)[:, None], nxt[:, None], table[prefix * size + b],
+                        Op.REDUCE if reduce else Op.COPY)
         return step + size - 1
 
     step = 0

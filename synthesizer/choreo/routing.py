@@ -20,26 +20,26 @@ from choreo.topology import Link, Topology
 
 
 class Router:
-    """Cheapest paths on the fabric's usable links for a given chunk size (Dijkstra, cached
-    per source; ties go to the lower link index so routes are reproducible)."""
+    """Cheapest paths on the fabric's usable links for a given chunk size (Dijkstra; ties go
+    to the first link found, so routes are reproducible)."""
 
     def __init__(self, fabric: Topology, nbytes: float) -> None:
         self.fabric = fabric
         self.cost = [lk.alpha + nbytes / lk.bandwidth for lk in fabric.links]
-        self._pred: dict[int, list[int]] = {}
 
-    def _tree(self, src: int) -> list[int]:
-        if src in self._pred:
-            return self._pred[src]
+    def _tree(self, src: int, targets: set[int]) -> list[int]:
+        """Predecessor links from ``src``; stops once every target is settled."""
         fab = self.fabric
         dist = [float("inf")] * fab.num_nodes
         pred = [-1] * fab.num_nodes
         dist[src] = 0.0
         heap = [(0.0, src)]
-        while heap:
+        left = set(targets) - {src}
+        while heap and left:
             d, v = heapq.heappop(heap)
             if d > dist[v]:
                 continue
+            left.discard(v)
             for i in fab.out_links(v):
                 if not fab.usable(i):
                     continue
@@ -49,24 +49,27 @@ class Router:
                     dist[w] = nd
                     pred[w] = i
                     heapq.heappush(heap, (nd, w))
-        self._pred[src] = pred
         return pred
 
-    def path(self, a: int, b: int) -> tuple[int, ...]:
-        """Fabric link ids from NPU ``a`` to NPU ``b``."""
-        pred = self._tree(a)
-        out: list[int] = []
-        v = b
-        while v != a:
-            i = pred[v]
-            if i < 0:
-                raise InputError(
-                    f"{self.fabric.name}: no usable path from {self.fabric.node_name(a)} to "
-                    f"{self.fabric.node_name(b)}"
-                )
-            out.append(i)
-            v = self.fabric.links[i].src
-        return tuple(reversed(out))
+    def paths(self, a: int, targets: Iterable[int]) -> dict[int, tuple[int, ...]]:
+        """Fabric link ids from NPU ``a`` to each target NPU."""
+        want = set(targets)
+        pred = self._tree(a, want)
+        out: dict[int, tuple[int, ...]] = {}
+        for b in want:
+            hops: list[int] = []
+            v = b
+            while v != a:
+                i = pred[v]
+                if i < 0:
+                    raise InputError(
+                        f"{self.fabric.name}: no usable path from {self.fabric.node_name(a)} "
+                        f"to {self.fabric.node_name(b)}"
+                    )
+                hops.append(i)
+                v = self.fabric.links[i].src
+            out[b] = tuple(reversed(hops))
+        return out
 
 
 def route(
@@ -77,8 +80,11 @@ def route(
     router = Router(fabric, nbytes)
     links = list(fabric.links)
     chosen: dict[tuple[int, int], int] = {}
+    targets: dict[int, list[int]] = {}
     for a, b in sorted(set(pairs)):
-        path = router.path(a, b)
+        targets.setdefault(a, []).append(b)
+    routes = {(a, b): path for a, bs in targets.items() for b, path in router.paths(a, bs).items()}
+    for (a, b), path in sorted(routes.items()):
         if len(path) == 1:
             chosen[(a, b)] = path[0]
             continue
