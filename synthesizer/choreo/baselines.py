@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from choreo.collectives import Collective, Demand
-from choreo.errors import ChoreoError, InputError
+from choreo.errors import ChoreoError
 from choreo.routing import pair_links, route
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
@@ -404,11 +404,3 @@ def _hierarchical(plan: _Plan, coords: np.ndarray) -> None:
     if c in (C.ALLGATHER, C.ALLREDUCE):
         for k in reversed(range(ndim)):
             step = phase(k, step, False)
-
-
-def check_name(name: str) -> str:
-    """Normalize a baseline name from user input."""
-    key = name.strip().lower()
-    if key not in SUPPORT:
-        raise InputError(f"baseline: unknown {name!r} (known: {', '.join(BASELINES)})")
-    return key
