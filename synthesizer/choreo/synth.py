@@ -11,7 +11,9 @@ degrees and the fastest result is kept.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,14 +83,12 @@ def synthesize(
     opts = options or SynthOptions()
     demands = tuple(demands)
     check_demands(fabric, demands, opts.relay)
-    best: Schedule | None = None
-    for topology in _logical_views(fabric, opts):
-        topology = restrict(topology, {r for d in demands for r in d.ranks}, opts.relay)
-        sched = _synthesize_on(fabric, topology, demands, opts)
-        if best is None or sched.makespan < best.makespan:
-            best = sched
-    assert best is not None
-    return best
+    members = {r for d in demands for r in d.ranks}
+    views = [restrict(t, members, opts.relay) for t in _logical_views(fabric, opts)]
+    # The engine releases the GIL, so the unwinding candidates run side by side.
+    with ThreadPoolExecutor(max_workers=min(len(views), os.cpu_count() or 1)) as pool:
+        results = list(pool.map(lambda view: _synthesize_on(fabric, view, demands, opts), views))
+    return min(results, key=lambda s: s.makespan)
 
 
 def _logical_views(fabric: Topology, opts: SynthOptions) -> list[Topology]:

@@ -179,30 +179,41 @@ impl<'a> State<'a> {
     /// island. A link with neither stays idle until `u` gains a chunk.
     fn primary(&mut self, link: usize, u: usize, v: usize) -> Option<usize> {
         let words = self.have.words_per_row();
-        let passes = if self.exclusive { 2 } else { 1 };
-        for pass in 0..passes {
-            if self.exclusive {
-                self.scratch.clear();
-                for x in 0..words {
-                    let mut elsewhere = 0u64;
-                    let near: &[u32] = if pass == 0 { &self.in_nodes[v] } else { &[] };
-                    for &w in near.iter().chain(&self.faster_in[link]) {
-                        if w as usize != u {
-                            elsewhere |= self.have.word(w as usize, x) | self.inflight.word(w as usize, x);
-                        }
-                    }
-                    self.scratch.push(self.have.word(u, x) & self.need.word(v, x) & !elsewhere);
-                }
-            }
-            for ci in 0..self.classes.len() {
-                let (lo, hi) = self.classes[ci];
-                if lo >= hi {
+        if self.exclusive {
+            // scratch[0..words]: exclusive candidates; scratch[words..]: outside the fast island
+            self.scratch.clear();
+            self.scratch.resize(2 * words, 0);
+            for x in 0..words {
+                let candidates = self.have.word(u, x) & self.need.word(v, x);
+                if candidates == 0 {
                     continue;
                 }
+                let mut island = 0u64;
+                for &w in &self.faster_in[link] {
+                    island |= self.have.word(w as usize, x) | self.inflight.word(w as usize, x);
+                }
+                let mut near = island;
+                for &w in &self.in_nodes[v] {
+                    if w as usize != u {
+                        near |= self.have.word(w as usize, x) | self.inflight.word(w as usize, x);
+                    }
+                }
+                self.scratch[x] = candidates & !near;
+                self.scratch[words + x] = candidates & !island;
+            }
+        }
+        let passes = if self.exclusive { 2 } else { 1 };
+        for ci in 0..self.classes.len() {
+            let (lo, hi) = self.classes[ci];
+            if lo >= hi {
+                continue;
+            }
+            for pass in 0..passes {
                 let from = self.rng.usize(lo..hi);
                 let (have, need, scratch) = (&self.have, &self.need, &self.scratch);
                 let found = if self.exclusive {
-                    cyclic_first(lo, hi, from, |x| scratch[x])
+                    let base = pass * words;
+                    cyclic_first(lo, hi, from, |x| scratch[base + x])
                 } else {
                     cyclic_first(lo, hi, from, |x| have.word(u, x) & need.word(v, x))
                 };
@@ -456,6 +467,11 @@ fn check(p: &Problem) -> Result<(), String> {
     Ok(())
 }
 
+fn uniform_links(p: &Problem) -> bool {
+    let same = |v: &[f64]| v.iter().all(|&x| x == v[0]);
+    p.link_src.is_empty() || (same(&p.link_alpha) && same(&p.link_bandwidth) && p.tenant_bytes.len() == 1)
+}
+
 /// Contiguous chunk ranges per priority class, in class order.
 fn class_ranges(p: &Problem) -> Result<Vec<(usize, usize)>, String> {
     let mut ranges: Vec<(u32, usize, usize)> = Vec::new();
@@ -506,7 +522,8 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
         p,
         k,
         rng: fastrand::Rng::with_seed(opt.seed),
-        replacement: opt.replacement,
+        // With every link equally fast a transfer already under way can never be beaten.
+        replacement: opt.replacement && !uniform_links(p),
         exclusive: opt.exclusive,
         faster_in: fast_islands(p, &link_order_key),
         in_nodes,
