@@ -1,0 +1,14 @@
+"""The generated API modules under short names, generated first if missing or stale."""
+
+from choreo.service import protos
+
+protos.ensure()
+
+from choreo.service.gen import synthesizer_pb2 as pb  # noqa: E402
+from choreo.service.gen import synthesizer_pb2_grpc as pb_grpc  # noqa: E402
+
+SERVICE = protos.SERVICE
+SYNTHESIZE = f"/{SERVICE}/Synthesize"
+SYNTHESIZE_STREAM = f"/{SERVICE}/SynthesizeStream"
+
+__all__ = ["SERVICE", "SYNTHESIZE", "SYNTHESIZE_STREAM", "pb", "pb_grpc"]
