@@ -10,6 +10,9 @@ Bandwidth (bytes that must cross some boundary / the bandwidth of that boundary)
   transfers (n-1 to spread or combine it over n ranks, 2(n-1) for all-reduce: the one-way
   gossip bound, which is Patarasuk-Yuan's 2(n-1)/n*S per NPU on a uniform fabric); the total
   divided by all live NPUs' ingress (egress) bandwidth. Helpers outside the tenant count.
+* **host volume**: the same counting with every host (node-name prefix) as one super-node
+  with free internal bandwidth: a chunk spread over (or combined from) m hosts enters hosts
+  m-1 times (2(m-1) for all-reduce), over the hosts' total inter-host ingress.
 * **max-flow** (rooted collectives on small fabrics): broadcast needs S through the minimum
   cut between the root and each NPU, reduce the reverse.
 
@@ -51,7 +54,8 @@ def lower_bound(fabric: Topology, demand: Demand, others: Sequence[Demand] = ())
     for d in demands:
         fabric.check_connected(list(d.ranks), where=f"lower bound for {d.name or 'demand'}")
     best = (0.0, "no data must move")
-    for cand in (_cuts(fabric, demands), _volume(fabric, demands), _maxflow(fabric, demands)):
+    for cand in (_cuts(fabric, demands), _volume(fabric, demands),
+                 _host_volume(fabric, demands), _maxflow(fabric, demands)):
         if cand[0] > best[0]:
             best = cand
     lat, lat_reason = _latency(fabric, demands)
@@ -86,6 +90,15 @@ def crossing_bytes(d: Demand, inside: int, root_inside: bool) -> tuple[float, fl
     return cross, cross
 
 
+def _hosts(fabric: Topology) -> dict[str, list[int]]:
+    """Nodes grouped by the host prefix of their names (``node3/gpu5`` -> ``node3``)."""
+    hosts: dict[str, list[int]] = {}
+    for v, name in enumerate(fabric.names):
+        if "/" in name:
+            hosts.setdefault(name.split("/", 1)[0], []).append(v)
+    return hosts
+
+
 def _groups(fabric: Topology) -> list[tuple[str, np.ndarray]]:
     """Named node sets whose boundary is worth checking."""
     nn = fabric.num_nodes
@@ -94,16 +107,12 @@ def _groups(fabric: Topology) -> list[tuple[str, np.ndarray]]:
         m = np.zeros(nn, dtype=bool)
         m[v] = True
         out.append((fabric.node_name(v), m))
-    if fabric.names:
-        hosts: dict[str, list[int]] = {}
-        for v, name in enumerate(fabric.names):
-            if "/" in name:
-                hosts.setdefault(name.split("/", 1)[0], []).append(v)
-        if len(hosts) > 1:
-            for h, members in hosts.items():
-                m = np.zeros(nn, dtype=bool)
-                m[members] = True
-                out.append((f"host {h}", m))
+    hosts = _hosts(fabric)
+    if len(hosts) > 1:
+        for h, members in hosts.items():
+            m = np.zeros(nn, dtype=bool)
+            m[members] = True
+            out.append((f"host {h}", m))
     npus = fabric.all_npus
     if fabric.dims and int(np.prod(fabric.dims)) == len(npus):
         ids = np.asarray(npus)
@@ -165,6 +174,29 @@ def _volume(fabric: Topology, demands: list[Demand]) -> tuple[float, str]:
     return total / cap, (
         f"{total:.6g} B must land on NPUs, {len(npus)} live NPUs take {cap:.6g} B/s"
     )
+
+
+HOST_SPREAD = {C.ALLGATHER: 1, C.REDUCESCATTER: 1, C.BROADCAST: 1, C.REDUCE: 1, C.ALLREDUCE: 2}
+
+
+def _host_volume(fabric: Topology, demands: list[Demand]) -> tuple[float, str]:
+    hosts = _hosts(fabric)
+    if len(hosts) < 2:
+        return 0.0, ""
+    host_of = {v: h for h, members in hosts.items() for v in members}
+    total = 0.0
+    for d in demands:
+        m = len({host_of.get(r) for r in d.ranks} - {None})
+        total += HOST_SPREAD.get(d.collective, 0) * (m - 1) * float(d.size)
+    cap = 0.0
+    for i, link in enumerate(fabric.links):
+        crosses = host_of.get(link.src) != host_of.get(link.dst)
+        if fabric.usable(i) and crosses and link.dst in host_of:
+            cap += link.bandwidth
+    if total <= 0 or cap <= 0:
+        return 0.0, ""
+    return total / cap, (f"{total:.6g} B must enter hosts, {len(hosts)} hosts take "
+                         f"{cap:.6g} B/s from outside")
 
 
 # ---- max-flow ------------------------------------------------------------------------------
