@@ -588,6 +588,17 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
         }
         // Advance to the next instant and apply everything that happens then.
         let Some(first) = st.events.pop() else {
+            // Nothing in flight and chunks still missing: the preferences (exclusivity, fast
+            // islands) held every link back. Drop them and match the idle links again; plain
+            // matching with hop-wise relays always progresses on a connected graph.
+            if st.exclusive {
+                st.exclusive = false;
+                ready.extend((0..l as u32).filter(|&i| st.link_idle[i as usize]));
+                for &i in &ready {
+                    st.link_idle[i as usize] = false;
+                }
+                continue;
+            }
             return Err(unreachable_report(&st));
         };
         now = first.time;
