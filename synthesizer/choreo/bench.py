@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 GIB = 1 << 30
@@ -164,7 +165,8 @@ def run_bench(quick: bool, only: str | None, json_path: str | None, console: Con
         table.add_column(col)
     for r in rows:
         mark = "-" if r.ok is None else ("yes" if r.ok else "NO")
-        table.add_row(r.group, r.case, r.measured, r.target, r.reference, mark)
+        table.add_row(*(escape(x) for x in (r.group, r.case, r.measured, r.target, r.reference)),
+                      mark)
     console.print(table)
     if json_path:
         with open(json_path, "w") as fh:

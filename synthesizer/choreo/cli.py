@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from choreo.collectives import Collective, Demand, parse_size
@@ -26,8 +27,8 @@ from choreo.report import Evaluation, evaluate
 from choreo.schedule import Schedule
 from choreo.topology import Topology
 
-console = Console(stderr=False, highlight=False)
-status_console = Console(stderr=True, highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+status_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ChoreoError as err:
-        status_console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False)
+        status_console.print(f"[bold red]error:[/] {escape(str(err))}")
         return 2
     except KeyboardInterrupt:
         status_console.print("interrupted")
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # a bug: say so plainly, show the traceback only on request
         if os.environ.get("CHOREO_DEBUG"):
             raise
-        status_console.print(f"internal error: {type(err).__name__}: {err} "
+        status_console.print(f"internal error: {type(err).__name__}: {escape(str(err))} "
                              "(set CHOREO_DEBUG=1 for a traceback)")
         return 70
 
@@ -157,7 +158,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             write_all(Path(args.out), files)
     print_evaluation(ev, seconds)
     if args.out:
-        console.print(f"wrote {', '.join(files)} to {args.out}")
+        console.print(f"wrote {', '.join(files)} to {escape(args.out)}")
     return 0 if ev.verdict.ok else 1
 
 
@@ -203,15 +204,16 @@ def _fmt_size(n: int) -> str:
 def print_evaluation(ev: Evaluation, seconds: float | None = None) -> None:
     """One block per tenant: its time against the bound, then against every baseline."""
     sched = ev.schedule
-    console.print(f"[bold]{sched.engine}[/] schedule on [bold]{sched.topology.name}[/]: "
+    console.print(f"[bold]{sched.engine}[/] schedule on [bold]{escape(sched.topology.name)}[/]: "
                   f"{len(sched):,} transfers, " + ("[green]verified[/]" if ev.verdict.ok
                                                    else "[red]FAILED verification[/]")
                   + (f", synthesized in {_fmt_time(seconds)}" if seconds is not None else ""))
     for err in ev.verdict.errors[:10]:
-        console.print(f"  [red]{err}[/]")
+        console.print(f"  [red]{escape(err)}[/]")
     for t in ev.tenants:
-        table = Table(title=f"{t.name}: {t.collective} of {_fmt_size(t.size)} on {t.npus} NPUs, "
-                      f"{t.chunks} chunk(s) per piece", title_justify="left", show_header=True)
+        title = (f"{escape(t.name)}: {t.collective} of {_fmt_size(t.size)} on {t.npus} NPUs, "
+                 f"{t.chunks} chunk(s) per piece")
+        table = Table(title=title, title_justify="left")
         table.add_column("algorithm")
         table.add_column("time", justify="right")
         table.add_column("algbw GB/s", justify="right")
@@ -228,7 +230,7 @@ def print_evaluation(ev: Evaluation, seconds: float | None = None) -> None:
                           f"{factor * t.size / bt / 1e9:.1f}", f"{bt / t.time:.2f}x slower"
                           if bt >= t.time else f"{t.time / bt:.2f}x faster")
         console.print(table)
-        console.print(f"  bound: {t.bound_kind}")
+        console.print(f"  bound: {escape(t.bound_kind)}")
 
 
 # ---- other commands --------------------------------------------------------------------------
@@ -241,7 +243,7 @@ def cmd_topologies(args: argparse.Namespace) -> int:
         topo = load_fabric(args.name)
         npus = topo.npus
         bws = sorted({round(lk.bandwidth / 1e9, 3) for lk in topo.links})
-        console.print(f"{topo.name}: {len(npus)} NPUs, {len(topo.switches)} switches, "
+        console.print(f"{escape(topo.name)}: {len(npus)} NPUs, {len(topo.switches)} switches, "
                       f"{len(topo.links)} links, bandwidths {bws} GB/s")
         console.print(f"min per-NPU ingress {min(topo.ingress_bandwidth(v) for v in npus) / 1e9:g}"
                       " GB/s")
@@ -250,7 +252,7 @@ def cmd_topologies(args: argparse.Namespace) -> int:
     table.add_column("name")
     table.add_column("description")
     for name, text in list_builtins():
-        table.add_row(name, text)
+        table.add_row(escape(name), escape(text))
     console.print(table)
     return 0
 
@@ -272,12 +274,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     sched = _load_schedule(args.schedule)
     verdict = verify(sched)
     if verdict.ok:
-        console.print(f"{args.schedule}: valid ({len(sched)} transfers, "
+        console.print(f"{escape(args.schedule)}: valid ({len(sched)} transfers, "
                       f"{len(sched.demands)} tenant(s))")
         return 0
-    console.print(f"{args.schedule}: INVALID")
+    console.print(f"{escape(args.schedule)}: INVALID")
     for err in verdict.errors:
-        console.print(f"  {err}")
+        console.print(f"  {escape(err)}")
     return 1
 
 

@@ -245,7 +245,7 @@ def load_topology(spec: str) -> Topology:
     if path.suffix.lower() in FILE_SUFFIXES or path.is_file():
         return load_topology_file(path)
     if not is_builtin_name(text) and (os.sep in text or "/" in text):
-        raise InputError(f"{text}: no such topology file")
+        raise InputError(f"{text}: no such file")
     return build(text)
 
 

@@ -4,6 +4,7 @@ small ring, fully-connected, mesh and switch fabrics built by hand; known times 
 from __future__ import annotations
 
 import pytest
+
 from choreo.baselines import (
     BASELINES,
     BaselineUnavailable,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from choreo.baselines import baselines_for, run_baseline
 from choreo.bounds import crossing_bytes, lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.topology import Link, NodeKind, Topology, duplex
 from choreo.verify import verify
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 ALPHA, BW, S = 1e-6, 1e9, 1 << 20
 

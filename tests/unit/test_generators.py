@@ -6,11 +6,12 @@ import time
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from choreo.errors import InputError
 from choreo.generators import DGX1_DOUBLE, DGX1_SINGLE, build, list_builtins, mesh, torus
 from choreo.topology import NodeKind, Topology
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 GB = 1e9
 

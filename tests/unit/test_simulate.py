@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from choreo.collectives import Collective, Demand
 from choreo.schedule import COLUMNS, Op, Schedule
 from choreo.simulate import simulate

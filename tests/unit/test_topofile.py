@@ -7,6 +7,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from choreo.errors import InputError
 from choreo.generators import build
 from choreo.topofile import (
@@ -20,8 +23,6 @@ from choreo.topofile import (
 from choreo.topology import Link, NodeKind, Topology
 from choreo.transforms import fail_links, fail_npus
 from choreo.unwind import unwind
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:

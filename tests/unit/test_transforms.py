@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from choreo.errors import InputError
 from choreo.generators import build
 from choreo.transforms import (
@@ -15,8 +18,6 @@ from choreo.transforms import (
     parse_failures,
     restrict,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def test_fail_npus_keeps_ids_and_links() -> None:

@@ -8,6 +8,9 @@ import time
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from choreo.errors import InputError
 from choreo.generators import build
 from choreo.topology import Link, NodeKind, Topology, duplex
@@ -22,8 +25,6 @@ from choreo.unwind import (
     switch_groups,
     unwind,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 SWITCHED = ["switch-8", "switch2d-8x4", "3d-rfs-32", "dgx2-2", "ndv2-3", "dgx-h100-3"]
 
