@@ -177,11 +177,12 @@ _NOT_YET_FAILED = {
 
 
 def render_kwok_stages(documents: Sequence[str]) -> str:
-    """Join kwok's stage files into one config, wired so a label can fail a node.
+    """Join kwok's stage files into one config, wired so a label fails a node quietly.
 
-    kwok's own stages would immediately re-initialise or heartbeat a node that the
-    chaos stage just marked NotReady; they are restricted to nodes without the
-    failure label, and the chaos stage fires once per failure instead of in a loop.
+    As shipped, the chaos stage re-posts a failed node's status about once a second and
+    the initialise and heartbeat stages still match it, racing the failure by weight.
+    Here the chaos stage fires once per failure and the other node stages only touch
+    nodes without the failure label, so a failed node is as silent as a dead one.
     """
     stages: list[dict[str, Any]] = []
     for text in documents:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from choreo_dev import build
 from choreo_dev.cluster import Cluster
 from choreo_dev.testing import LocalCluster, leftover_processes

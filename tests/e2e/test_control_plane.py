@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from choreo_dev.kube import ApiError, KubeClient
 from choreo_dev.testing import LocalCluster
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from choreo_dev.cluster import Cluster
 from choreo_dev.paths import PACKAGE_DIR
 from choreo_dev.ports import is_free

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from choreo_dev.nodes import ready_status
 from choreo_dev.testing import LocalCluster
 

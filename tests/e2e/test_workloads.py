@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from choreo_dev.fabric import GPU_RESOURCE, POSITION_LABEL
 from choreo_dev.testing import LocalCluster
 from choreo_dev.workloads import gpu_job, wait_job

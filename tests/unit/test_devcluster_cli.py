@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from choreo_dev.cli import build_parser, node_specs
 from choreo_dev.errors import DevClusterError
 from choreo_dev.fabric import POSITION_LABEL

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+
 from choreo_dev.cluster import Cluster
 from choreo_dev.errors import DevClusterError
 from choreo_dev.versions import CONTROL_PLANE, KWOK_STAGE_FILES

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from choreo_dev.config import (
     NOT_READY_LABEL,
     component_args,

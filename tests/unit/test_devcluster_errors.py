@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+
 from choreo_dev import build, cli
 from choreo_dev.cluster import Cluster, early_exit_message
 from choreo_dev.errors import DevClusterError

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+
 from choreo_dev.errors import DevClusterError
 from choreo_dev.fabric import (
     GPU_RESOURCE,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+
 from choreo_dev.errors import DevClusterError
 from choreo_dev.ports import choose_ports, ephemeral_port, is_free
 
