@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup engine test test-fast lint bench demo clean
+.PHONY: setup engine cluster-binaries test test-fast lint bench demo clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,7 +22,11 @@ engine: $(VENV)/.deps
 
 setup: engine
 
-test: setup
+# Kubernetes control-plane binaries for the end-to-end tests, built once and cached per version.
+cluster-binaries: $(VENV)/.deps
+	$(BIN)/choreo-dev build
+
+test: setup cluster-binaries
 	$(BIN)/pytest -q
 
 test-fast: setup
