@@ -1,0 +1,102 @@
+"""A small Python client: build requests from choreo types and call a synthesizer.
+
+Used by ``choreo synthesize --remote``, the load benchmark and the tests; the operator has
+its own client generated from the same .proto.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from choreo.collectives import Collective
+from choreo.service.api import SYNTHESIZE, SYNTHESIZE_STREAM, pb
+from choreo.service.convert import fabric_to_proto
+from choreo.service.server import MAX_MESSAGE_BYTES
+from choreo.topology import Topology
+
+
+@dataclass(frozen=True)
+class TenantRequest:
+    """One tenant's collective over a size range, as a client states it."""
+
+    name: str
+    npus: Sequence[int]
+    collective: Collective | str
+    min_bytes: int
+    max_bytes: int = 0
+    chunks: int | None = None
+    root: int = 0
+    weight: float = 1.0
+
+
+def build_request(fabric: Topology | pb.FabricSnapshot, tenants: Sequence[TenantRequest], *,
+                  restarts: int = 0, seed: int = 0, dialect: str = "", instances: int = 0,
+                  proto: str = "", deadline_seconds: float = 0.0, max_buckets: int = 0,
+                  idempotency_key: str = "") -> pb.SynthesizeRequest:
+    snapshot = fabric if isinstance(fabric, pb.FabricSnapshot) else fabric_to_proto(fabric)
+    req = pb.SynthesizeRequest(
+        fabric=snapshot, idempotency_key=idempotency_key,
+        options=pb.Options(restarts=restarts, seed=seed, dialect=dialect, instances=instances,
+                           proto=proto, deadline_seconds=deadline_seconds,
+                           max_buckets=max_buckets))
+    for t in tenants:
+        coll = t.collective.value if isinstance(t.collective, Collective) else t.collective
+        spec = pb.CollectiveSpec(collective=coll, min_bytes=t.min_bytes, max_bytes=t.max_bytes,
+                                 root=t.root)
+        if t.chunks is not None:
+            spec.chunks = t.chunks
+        req.tenants.add(name=t.name, npus=list(t.npus), collectives=[spec], weight=t.weight,
+                        relay=pb.Tenant.OWN_NPUS_ONLY)
+    return req
+
+
+def open_channel(address: str, *, ca: str | None = None, cert: str | None = None,
+                 key: str | None = None, server_name: str | None = None) -> grpc.Channel:
+    """Plaintext unless a CA is given; with ``cert``/``key`` as well, mutual TLS."""
+    options: list[tuple[str, int | str]] = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    if ca is None:
+        return grpc.insecure_channel(address, options=options)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=Path(ca).read_bytes(),
+        private_key=Path(key).read_bytes() if key else None,
+        certificate_chain=Path(cert).read_bytes() if cert else None)
+    return grpc.secure_channel(address, creds, options=options)
+
+
+class Client:
+    """Typed calls on a channel; errors surface as ``grpc.RpcError``."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.channel = channel
+        self._unary = channel.unary_unary(
+            SYNTHESIZE, request_serializer=_serialize,
+            response_deserializer=pb.SynthesizeResponse.FromString)
+        self._stream = channel.unary_stream(
+            SYNTHESIZE_STREAM, request_serializer=_serialize,
+            response_deserializer=pb.SynthesizeEvent.FromString)
+
+    def synthesize(self, request: pb.SynthesizeRequest | bytes,
+                   timeout: float | None = None) -> pb.SynthesizeResponse:
+        return self._unary(request, timeout=timeout)
+
+    def future(self, request: pb.SynthesizeRequest | bytes,
+               timeout: float | None = None) -> grpc.Future:
+        return self._unary.future(request, timeout=timeout)
+
+    def stream(self, request: pb.SynthesizeRequest | bytes,
+               timeout: float | None = None) -> Iterator[pb.SynthesizeEvent]:
+        return self._stream(request, timeout=timeout)
+
+
+def _serialize(msg: pb.SynthesizeRequest | bytes) -> bytes:
+    """Bytes pass through untouched, so tests can send malformed messages."""
+    return msg if isinstance(msg, bytes) else msg.SerializeToString()
