@@ -6,7 +6,16 @@ BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup engine cluster-binaries test test-fast lint bench demo clean
+.PHONY: setup system-deps engine cluster-binaries test test-fast lint bench demo clean
+
+# Debian packages the project runs for real: a Prometheus server for the metrics tests.
+SYSTEM_PACKAGES := prometheus openssl
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -20,7 +29,7 @@ $(VENV)/.deps: pyproject.toml | $(BIN)/python
 engine: $(VENV)/.deps
 	$(BIN)/maturin develop --release --quiet -m synthesizer/engine/Cargo.toml
 
-setup: engine
+setup: system-deps engine
 
 # Kubernetes control-plane binaries for the end-to-end tests, built once and cached per version.
 cluster-binaries: $(VENV)/.deps
