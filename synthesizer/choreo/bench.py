@@ -73,11 +73,12 @@ def _in_child(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
 
 def _scale_rows(quick: bool) -> list[Row]:
     rows = []
-    cases = [("torus-32x32", "allgather", 1, 0.5, "TACOS public code ~60 s here")]
+    cases: list[tuple[str, str, int, float, str]] = [
+        ("torus-32x32", "allgather", 1, 0.5, "TACOS public code ~60 s here")]
     if not quick:
         cases += [
-            ("3d-rfs-512", "allreduce", None, 2.0, "TACOS paper 6.09 min"),
-            ("3d-rfs-1024", "allreduce", None, 10.0, "TACOS paper 2.78 h"),
+            ("3d-rfs-512", "allreduce", 1, 2.0, "TACOS paper 6.09 min"),
+            ("3d-rfs-1024", "allreduce", 1, 10.0, "TACOS paper 2.78 h"),
             ("torus-64x64", "allgather", 1, 30.0, "-"),
         ]
     for topo, coll, chunks, target, ref in cases:
