@@ -1,0 +1,170 @@
+"""What each collective means in MSCCL buffer units: sizes, spellings, aliasing, postcondition.
+
+The XML talks in *units*: ``nchunksperloop`` units make up one loop of the buffer, and every
+collective fixes how many units the input (``i``) and output (``o``) hold per rank. The lowering
+and the interpreter both read this module, so the definition of a collective lives in one place;
+the interpreter derives everything it checks from the ``<algo>`` header alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from choreo.collectives import Collective
+
+DIALECTS = ("executor", "legacy")
+PROTOCOLS = ("Simple", "LL", "LL128")
+
+EXECUTOR_COLL = {c: c.value for c in Collective}
+LEGACY_COLL = {
+    Collective.ALLREDUCE: "allreduce",
+    Collective.ALLGATHER: "allgather",
+    Collective.REDUCE: "reduce",
+    Collective.BROADCAST: "broadcast",
+    Collective.ALLTOALL: "alltoall",
+    Collective.REDUCESCATTER: "reduce_scatter",
+}
+# Every spelling either runtime's parser accepts, including ones choreo never writes.
+EXECUTOR_SPELLINGS = frozenset(
+    ["reduce", "broadcast", "allreduce", "reducescatter", "allgather", "send", "recv",
+     "gather", "scatter", "alltoall", "alltoallv"])
+LEGACY_SPELLINGS = frozenset(
+    ["allreduce", "allgather", "reduce", "broadcast", "alltoall", "reduce_scatter", "custom"])
+
+# Per-connection FIFO depth in chunk messages: NCCL_STEPS (8) / MSCCL_CHUNKSTEPS (4) for the
+# Simple protocol, the smallest of the three, so a file that completes with it completes always.
+FIFO_CHUNKS = 2
+
+MAX_STEPS = {"executor": 64, "legacy": 256}
+MAX_TBS = {"executor": 1024, "legacy": 216}
+MAX_CHANNELS = 32
+MAX_PEERS_PER_CHANNEL = 32
+MAX_CNT = 71
+MAX_NODES = 4096  # executor parser: stored nodes per rank (algo + its gpu + tbs + steps)
+MAX_CHILDREN = 1024
+MAX_ATTRS = 16
+MAX_ATTR_LEN = 255
+MAX_LEGACY_NAME = 63
+LEGACY_DEFAULT_MAX_BYTES = 1 << 27
+# Legacy maxBytes is exclusive and 0 means "never": "no upper limit" is written as this value.
+LEGACY_UNLIMITED = 1 << 40
+
+
+def coll_spelling(coll: Collective, dialect: str) -> str:
+    """The ``coll`` attribute for ``dialect``; None-safe callers check support first."""
+    table = EXECUTOR_COLL if dialect == "executor" else LEGACY_COLL
+    return table[coll]
+
+
+def parse_coll(text: str) -> Collective | None:
+    """The collective named by either dialect's spelling, or None (send, recv, custom, ...)."""
+    if text == "reduce_scatter":
+        return Collective.REDUCESCATTER
+    try:
+        return Collective(text)
+    except ValueError:
+        return None
+
+
+def supported(coll: Collective, dialect: str) -> bool:
+    return dialect == "executor" or coll in LEGACY_COLL
+
+
+@dataclass(frozen=True)
+class Units:
+    """Buffer sizes of one collective in units, with ``L`` = nchunksperloop and ``n`` ranks."""
+
+    coll: Collective
+    n: int
+    L: int
+
+    @property
+    def piece(self) -> int:
+        """Units of one rank's piece (allgather input, reducescatter output, ...)."""
+        return self.L // self.n
+
+    @property
+    def in_units(self) -> int:
+        return self.piece if self.coll in (Collective.ALLGATHER, Collective.GATHER) else self.L
+
+    @property
+    def out_units(self) -> int:
+        return self.piece if self.coll in (Collective.REDUCESCATTER, Collective.SCATTER) \
+            else self.L
+
+    @property
+    def needs_piece_divisible(self) -> bool:
+        return self.coll in (Collective.ALLGATHER, Collective.GATHER, Collective.REDUCESCATTER,
+                             Collective.SCATTER, Collective.ALLTOALL)
+
+    def inplace_alias(self, rank: int, root: int) -> dict[int, int]:
+        """In-place calls: input unit -> output unit occupying the same memory."""
+        c, p = self.coll, self.piece
+        if c in (Collective.ALLREDUCE, Collective.BROADCAST, Collective.REDUCE,
+                 Collective.ALLTOALL):
+            return {k: k for k in range(self.L)}
+        if c is Collective.ALLGATHER or (c is Collective.GATHER and rank == root):
+            return {j: rank * p + j for j in range(p)}
+        if c is Collective.REDUCESCATTER or (c is Collective.SCATTER and rank == root):
+            return {rank * p + j: j for j in range(p)}
+        return {}
+
+    def has_input(self, rank: int, root: int) -> bool:
+        return self.coll not in (Collective.BROADCAST, Collective.SCATTER) or rank == root
+
+    def expected(self, rank: int, root: int) -> dict[int, tuple[int, int]]:
+        """Output unit -> (origin rank, input unit) for data collectives, or (-1, reduced unit)
+        for combining ones (every rank's contribution to that unit, exactly once)."""
+        c, p, n = self.coll, self.piece, self.n
+        if c is Collective.ALLREDUCE:
+            return {k: (-1, k) for k in range(self.L)}
+        if c is Collective.REDUCESCATTER:
+            return {j: (-1, rank * p + j) for j in range(p)}
+        if c is Collective.REDUCE:
+            return {k: (-1, k) for k in range(self.L)} if rank == root else {}
+        if c is Collective.ALLGATHER or (c is Collective.GATHER and rank == root):
+            return {k: (k // p, k % p) for k in range(self.L)}
+        if c is Collective.BROADCAST:
+            return {k: (root, k) for k in range(self.L)}
+        if c is Collective.SCATTER:
+            return {j: (root, rank * p + j) for j in range(p)}
+        if c is Collective.ALLTOALL:
+            return {s * p + j: (s, rank * p + j) for s in range(n) for j in range(p)}
+        return {}
+
+
+def chunk_units(coll: Collective, n: int, chunks: int) -> int:
+    """nchunksperloop before instances: one unit per schedule chunk in a rank's largest buffer."""
+    if coll in (Collective.BROADCAST, Collective.REDUCE):
+        return chunks
+    return n * chunks
+
+
+def input_index(coll: Collective, n: int, chunks: int, k: int, rank: int, root: int) -> int | None:
+    """Where schedule chunk ``k`` starts in ``rank``'s input (chunk units), or None."""
+    if coll in (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.REDUCE):
+        return k
+    if coll in (Collective.ALLGATHER, Collective.GATHER):
+        return k % chunks if k // chunks == rank else None
+    if coll in (Collective.BROADCAST, Collective.SCATTER):
+        return k if rank == root else None
+    # alltoall: chunk k leaves rank k // (n*chunks) from its block for the destination
+    return k % (n * chunks) if k // (n * chunks) == rank else None
+
+
+def output_index(coll: Collective, n: int, chunks: int, k: int, rank: int,
+                 root: int) -> int | None:
+    """Where schedule chunk ``k`` must end in ``rank``'s output (chunk units), or None."""
+    if coll in (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.BROADCAST):
+        return k
+    if coll in (Collective.REDUCE, Collective.GATHER):
+        return k if rank == root else None
+    if coll in (Collective.REDUCESCATTER, Collective.SCATTER):
+        return k % chunks if k // chunks == rank else None
+    src, dst = k // (n * chunks), (k // chunks) % n
+    return src * chunks + k % chunks if dst == rank else None
+
+
+def supports_inplace(coll: Collective) -> bool:
+    """AllToAll in place would overwrite input blocks before they are sent."""
+    return coll is not Collective.ALLTOALL
