@@ -23,6 +23,7 @@ from rich.table import Table
 
 from choreo.collectives import Collective, Demand, parse_size
 from choreo.errors import ChoreoError, InputError
+from choreo.msccl import cli as msccl_cli
 from choreo.report import Evaluation, evaluate
 from choreo.schedule import Schedule
 from choreo.topology import Topology
@@ -75,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", action="store_true", help="also write utilization.png, timeline.png")
     s.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
     s.set_defaults(func=cmd_synthesize)
+    msccl_cli.add_synthesize_options(s)
 
     t = sub.add_parser("topologies", help="list the built-in topologies")
     t.add_argument("name", nargs="?", help="show one topology's size and bandwidths")
@@ -94,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--only", help="run only benchmarks whose name contains this text")
     b.add_argument("--json", help="also write the rows to this file")
     b.set_defaults(func=cmd_bench)
+    msccl_cli.register(sub)
     return p
 
 
@@ -136,6 +139,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         raise InputError("--restarts: must be at least 1")
     fabric = load_fabric(args.topology, args.fail)
     demands, relay = build_demands(args, fabric)
+    relay = relay and not args.msccl_out  # MSCCL can only use the communicator's own GPUs
     with progress() as step:
         step(f"synthesizing on {fabric.name}")
         started = time.perf_counter()
@@ -145,6 +149,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         sched.meta["synthesis_seconds"] = seconds
         ev = evaluate(sched, baselines=not args.no_baselines, step=step)
         files: dict[str, Callable[[], bytes]] = {}
+        msccl = msccl_cli.msccl_files(sched, args) if args.msccl_out else {}
         if args.out:
             files["schedule.json"] = lambda: json.dumps(sched.to_dict(),
                                                         separators=(",", ":")).encode()
@@ -156,9 +161,13 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
                 files["timeline.png"] = lambda: plots.timeline(sched, ev.sim)
             step("writing results")
             write_all(Path(args.out), files)
+        if msccl:
+            write_all(Path(args.msccl_out), msccl)
     print_evaluation(ev, seconds)
     if args.out:
         console.print(f"wrote {', '.join(files)} to {escape(args.out)}")
+    if msccl:
+        console.print(f"wrote {', '.join(msccl)} to {escape(args.msccl_out)}")
     return 0 if ev.verdict.ok else 1
 
 

@@ -1,0 +1,60 @@
+"""Size buckets: several schedules of one collective, each serving a byte range.
+
+Small messages want few chunks (latency), large ones many (pipelining). The runtimes pick the
+first file whose range contains the call's size: executor files in lexicographic order of path
+(``minBytes <= n <= maxBytes``, 0 = unlimited), legacy ones in ``MSCCL_XML_FILES`` order
+(``minBytes <= n < maxBytes``, at most 4 files). Ranges here are inclusive and must not overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from choreo.collectives import Demand
+from choreo.errors import InputError
+from choreo.msccl.api import to_xml
+from choreo.schedule import Schedule
+
+MAX_LEGACY_ALGOS = 4
+
+
+def bucket_files(buckets: Sequence[tuple[int, int | None, Schedule]], tenant: int = 0, *,
+                 dialect: str = "executor", instances: int = 1,
+                 proto: str = "Simple") -> list[tuple[str, str]]:
+    """(file name, XML) per bucket, in size order; names sort in that same order."""
+    if not buckets:
+        raise InputError("buckets: at least one (min_bytes, max_bytes, schedule) is needed")
+    if dialect == "legacy" and len(buckets) > MAX_LEGACY_ALGOS:
+        raise InputError(f"buckets: the legacy runtime loads at most {MAX_LEGACY_ALGOS} "
+                         f"algorithms, got {len(buckets)}")
+    ordered = sorted(buckets, key=lambda b: b[0])
+    first = _demand(ordered[0][2], tenant)
+    for k, (lo, hi, sched) in enumerate(ordered):
+        d = _demand(sched, tenant)
+        if (d.collective, d.ranks, d.root) != (first.collective, first.ranks, first.root):
+            raise InputError(f"buckets[{k}]: tenant {tenant} is a {d.collective.value} over "
+                             f"{len(d.ranks)} ranks; every bucket must be the same collective "
+                             "on the same ranks")
+        if lo < 0 or (hi is not None and hi < lo):
+            raise InputError(f"buckets[{k}]: range {lo}..{hi} is empty or negative")
+        if k + 1 < len(ordered):
+            nxt = ordered[k + 1][0]
+            if hi is None or hi >= nxt:
+                raise InputError(f"buckets[{k}]: range {lo}..{'unlimited' if hi is None else hi}"
+                                 f" overlaps the next one starting at {nxt}")
+    base = first.name or first.collective.value
+    width = max(2, len(str(len(ordered) - 1)))
+    out = []
+    for k, (lo, hi, sched) in enumerate(ordered):
+        d = _demand(sched, tenant)
+        tag = f"{base}-{k:0{width}d}"
+        xml = to_xml(sched, tenant, dialect=dialect, instances=instances, proto=proto,
+                     min_bytes=lo, max_bytes=hi, name=f"{tag}-{d.chunks}c")
+        out.append((f"{tag}.xml", xml))
+    return out
+
+
+def _demand(sched: Schedule, tenant: int) -> Demand:
+    if not 0 <= tenant < len(sched.demands):
+        raise InputError(f"tenant: {tenant} is not in 0..{len(sched.demands) - 1}")
+    return sched.demands[tenant]

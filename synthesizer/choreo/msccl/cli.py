@@ -1,0 +1,101 @@
+"""``choreo msccl validate|run FILE`` and the ``--msccl-out`` options of ``choreo synthesize``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from choreo.errors import ChoreoError, InputError
+from choreo.msccl import layout
+from choreo.msccl.api import to_xml
+from choreo.msccl.interpret import run
+from choreo.msccl.validate import validate
+from choreo.schedule import Schedule
+
+console = Console(highlight=False)
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``msccl`` command group to the top-level parser's subparsers."""
+    m = subparsers.add_parser("msccl", help="check MSCCL XML files (validate, interpret)")
+    sub = m.add_subparsers(metavar="ACTION")
+    v = sub.add_parser("validate", help="check every parser and structural rule of the runtimes")
+    v.add_argument("file")
+    v.add_argument("--dialect", choices=layout.DIALECTS,
+                   help="default: from the coll spelling or choreo's comment")
+    v.add_argument("--partial", action="store_true",
+                   help="a per-node split file (only some <gpu> elements)")
+    v.set_defaults(func=cmd_validate)
+    r = sub.add_parser("run", help="execute the file on symbolic buffers and check the result")
+    r.add_argument("file")
+    r.add_argument("--dialect", choices=layout.DIALECTS)
+    r.add_argument("--root", type=int, help="root rank of rooted collectives (default: inferred)")
+    r.set_defaults(func=cmd_run)
+    m.set_defaults(func=lambda _args: m.print_help() or 2)
+
+
+def add_synthesize_options(parser: argparse.ArgumentParser) -> None:
+    """``choreo synthesize --msccl-out DIR [--dialect] [--instances] [--proto]``."""
+    parser.add_argument("--msccl-out", metavar="DIR",
+                        help="also write one MSCCL XML per tenant here (implies --no-relay)")
+    parser.add_argument("--dialect", choices=layout.DIALECTS, default="executor",
+                        help="MSCCL runtime: executor (NCCL/RCCL msccl-executor) or legacy")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="MSCCL instances: each chunk split in N, threadblocks replicated")
+    parser.add_argument("--proto", choices=layout.PROTOCOLS, default="Simple")
+
+
+def msccl_files(sched: Schedule, args: argparse.Namespace) -> dict[str, Callable[[], bytes]]:
+    """Every tenant's file, each validated and interpreted before anything is written
+    (renderers for ``cli.write_all``, already computed)."""
+    files: dict[str, Callable[[], bytes]] = {}
+    for t, d in enumerate(sched.demands):
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", d.name) if d.name else f"tenant{t}"
+        name = f"{stem}-{d.collective.value}.xml"
+        xml = to_xml(sched, t, dialect=args.dialect, instances=args.instances, proto=args.proto)
+        problems = validate(xml, args.dialect)
+        if problems:
+            raise ChoreoError(f"{name}: generated file breaks a runtime rule: {problems[0]}")
+        result = run(xml, root=d.root, dialect=args.dialect)
+        if not result.ok:
+            raise ChoreoError(f"{name}: generated file does not compute {d.collective.value}: "
+                              f"{result}")
+        files[name] = _const(xml.encode())
+    return files
+
+
+def _const(data: bytes) -> Callable[[], bytes]:
+    return lambda: data
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory") from None
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    problems = validate(_read(args.file), args.dialect, partial=args.partial or None)
+    if not problems:
+        console.print(f"{args.file}: valid")
+        return 0
+    console.print(f"{args.file}: {len(problems)} violation(s)")
+    for p in problems:
+        console.print(f"  {p}", markup=False)
+    return 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    result = run(_read(args.file), root=args.root, dialect=args.dialect)
+    console.print(f"{args.file}: {result}", markup=False)
+    return 0 if result.ok else 1
