@@ -1,0 +1,212 @@
+"""Buckets, instances, step spilling, per-node split, relay rejection and the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from msccl_helpers import schedule
+
+from choreo.cli import main
+from choreo.collectives import Collective, Demand
+from choreo.errors import InputError
+from choreo.generators import build
+from choreo.msccl import (
+    MAX_CONFIGMAP_BYTES,
+    bucket_files,
+    fits_configmap,
+    run,
+    split_per_node,
+    to_xml,
+    validate,
+)
+from choreo.msccl.layout import LEGACY_UNLIMITED
+from choreo.msccl.lower import lower
+from choreo.msccl.parse import parse
+from choreo.schedule import Schedule
+
+
+def header(xml: str) -> dict[str, str]:
+    algo = parse(xml).algo
+    assert algo is not None
+    return algo.attrs
+
+
+# ---- buckets -------------------------------------------------------------------------------
+
+RANGES = [(0, 65535), (65536, (1 << 20) - 1), (1 << 20, None)]
+
+
+def buckets(chunks: tuple[int, ...] = (1, 2, 4)) -> list[tuple[int, int | None, Schedule]]:
+    return [(lo, hi, schedule("ring-8", "allreduce", c))
+            for (lo, hi), c in zip(RANGES, chunks, strict=True)]
+
+
+def test_executor_buckets_are_inclusive_with_zero_unlimited() -> None:
+    files = bucket_files(list(reversed(buckets())))
+    names = [n for n, _ in files]
+    assert names == sorted(names) == ["allreduce-00.xml", "allreduce-01.xml", "allreduce-02.xml"]
+    got = [(header(x)["minBytes"], header(x)["maxBytes"], header(x)["nchunksperloop"])
+           for _, x in files]
+    assert got == [("0", "65535", "8"), ("65536", "1048575", "16"), ("1048576", "0", "32")]
+    for _, xml in files:
+        assert validate(xml) == [] and run(xml).ok
+
+
+def test_legacy_buckets_are_exclusive_and_never_zero() -> None:
+    files = bucket_files(buckets(), dialect="legacy")
+    got = [(header(x)["minBytes"], header(x)["maxBytes"]) for _, x in files]
+    assert got == [("0", "65536"), ("65536", "1048576"), ("1048576", str(LEGACY_UNLIMITED))]
+    assert all(validate(x) == [] for _, x in files)
+
+
+def test_bucket_errors() -> None:
+    overlapping = [(0, 1000, schedule("ring-8", "allreduce", 1)),
+                   (1000, None, schedule("ring-8", "allreduce", 2))]
+    with pytest.raises(InputError, match="overlaps the next one starting at 1000"):
+        bucket_files(overlapping)
+    open_middle = [(0, None, schedule("ring-8", "allreduce", 1)),
+                   (10, None, schedule("ring-8", "allreduce", 2))]
+    with pytest.raises(InputError, match="overlaps"):
+        bucket_files(open_middle)
+    mixed = [(0, 10, schedule("ring-8", "allreduce", 1)),
+             (11, None, schedule("ring-8", "allgather", 1))]
+    with pytest.raises(InputError, match="same collective"):
+        bucket_files(mixed)
+    five = [(k * 10, k * 10 + 9, schedule("ring-8", "allreduce", 1)) for k in range(5)]
+    assert len(bucket_files(five)) == 5
+    with pytest.raises(InputError, match="at most 4"):
+        bucket_files(five, dialect="legacy")
+
+
+def test_range_arguments_are_checked() -> None:
+    sched = schedule("ring-8", "allreduce", 1)
+    with pytest.raises(InputError, match="max_bytes"):
+        to_xml(sched, min_bytes=100, max_bytes=99)
+    with pytest.raises(InputError, match="dialect"):
+        to_xml(sched, dialect="nccl")
+    with pytest.raises(InputError, match="proto"):
+        to_xml(sched, proto="ll")
+    assert header(to_xml(sched, proto="LL128"))["proto"] == "LL128"
+
+
+# ---- instances and step spilling ---------------------------------------------------------------
+
+def test_instances_split_chunks_and_replicate_threadblocks() -> None:
+    sched = schedule("ring-8", "allgather", 1)
+    one, three = lower(sched).algo, lower(sched, instances=3).algo
+    assert int(three.attrs["nchannels"]) == 3 * int(one.attrs["nchannels"])
+    assert int(three.attrs["nchunksperloop"]) == 3 * int(one.attrs["nchunksperloop"])
+    for g1, g3 in zip(one.gpus, three.gpus, strict=True):
+        assert len(g3.tbs) == 3 * len(g1.tbs)
+        assert g3.o_chunks == 3 * g1.o_chunks
+        chans = {(tb.send, tb.recv): set() for tb in g3.tbs}
+        for tb in g3.tbs:
+            chans[(tb.send, tb.recv)].add(tb.chan)
+        assert all(len(c) == 3 for c in chans.values())
+    xml = to_xml(sched, instances=3)
+    assert validate(xml) == [] and run(xml).ok
+
+
+def test_executor_spills_long_threadblocks_across_channels() -> None:
+    sched = schedule("ring-8", "allreduce", 8)
+    legacy = lower(sched, dialect="legacy")
+    assert legacy.epochs == 1 and legacy.max_steps > 64  # the schedule really is long
+    ex = lower(sched)
+    assert ex.epochs > 1 and ex.max_steps <= 64
+    assert int(ex.algo.attrs["nchannels"]) == ex.epochs * ex.base_channels
+    assert max(len(tb.steps) for g in ex.algo.gpus for tb in g.tbs) <= 64
+    xml = to_xml(sched)
+    assert validate(xml) == [] and run(xml).ok
+    assert validate(to_xml(sched, dialect="legacy")) == []
+
+
+def test_too_many_channels_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="channels"):
+        to_xml(schedule("ring-8", "allreduce", 8), instances=32)
+
+
+# ---- per-node split ----------------------------------------------------------------------------
+
+def test_split_per_node_keeps_each_nodes_gpus() -> None:
+    xml = to_xml(schedule("dgx-h100-2", "allreduce", 1))
+    nodes = ["node-a"] * 8 + ["node-b"] * 8
+    parts = split_per_node(xml, nodes)
+    assert list(parts) == ["node-a", "node-b"]
+    for name, part in parts.items():
+        algo = parse(part).algo
+        assert algo is not None
+        assert [g.id for g in algo.gpus] == [r for r in range(16) if nodes[r] == name]
+        assert algo.attrs == header(xml)
+        assert validate(part) == []
+        assert len(part) < len(xml)
+        assert any(v.rule == "gpu" for v in validate(part, partial=False))
+    assert fits_configmap(xml) and MAX_CONFIGMAP_BYTES == 1 << 20
+    with pytest.raises(InputError, match="ngpus"):
+        split_per_node(xml, nodes[:-1])
+    with pytest.raises(InputError, match="not well-formed"):
+        split_per_node("<algo", nodes)
+
+
+# ---- relays -------------------------------------------------------------------------------------
+
+def test_transfer_through_an_npu_outside_the_tenant_is_rejected() -> None:
+    fabric = build("ring-4")
+    demand = Demand(Collective.BROADCAST, (0, 1, 2), 1000, 1)
+    sched = Schedule(fabric, fabric, (demand,), tenant=np.zeros(3), chunk=np.zeros(3),
+                     src=np.array([0, 0, 3]), dst=np.array([1, 3, 2]), link=np.zeros(3),
+                     start=np.array([0.0, 0.0, 1.0]), end=np.array([1.0, 1.0, 2.0]),
+                     op=np.zeros(3))
+    with pytest.raises(InputError, match=r"transfer 1 \(NPU 0 -> NPU 3\) touches NPU 3"):
+        to_xml(sched)
+
+
+def test_incomplete_schedule_is_rejected() -> None:
+    sched = schedule("ring-8", "allgather", 1)
+    partial = sched.select(np.arange(len(sched)) < len(sched) - 1)
+    with pytest.raises(InputError, match="never reaches rank"):
+        to_xml(partial)
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+
+def test_synthesize_writes_checked_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "msccl"
+    code = main(["synthesize", "-t", "ring-8", "-c", "allgather", "-s", "1MiB", "--restarts",
+                 "1", "--no-baselines", "--msccl-out", str(out), "--instances", "2"])
+    assert code == 0
+    xml = (out / "tenant0-allgather.xml").read_text()
+    assert header(xml)["nchunksperloop"] == str(8 * 2 * int(parse(xml).algo.comment.split(
+        "chunks=")[1].split()[0]))
+    assert main(["msccl", "validate", str(out / "tenant0-allgather.xml")]) == 0
+    assert main(["msccl", "run", str(out / "tenant0-allgather.xml")]) == 0
+    assert "computes the collective" in capsys.readouterr().out
+
+
+def test_synthesize_writes_nothing_when_lowering_fails(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    code = main(["synthesize", "-t", "ring-8", "-c", "gather", "-s", "1MiB", "--restarts", "1",
+                 "--no-baselines", "--msccl-out", str(tmp_path / "m"), "--out",
+                 str(tmp_path / "o"), "--dialect", "legacy"])
+    assert code == 2
+    assert "legacy runtime has no gather" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "o").exists()
+
+
+def test_cli_reports_violations_and_bad_files(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.xml"
+    bad.write_text(to_xml(schedule("ring-8", "allreduce", 1)).replace('hasdep="1"',
+                                                                      'hasdep="0"', 1))
+    assert main(["msccl", "validate", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "[hasdep]" in out and "gpu 0 tb" in out
+    assert main(["msccl", "run", str(bad)]) == 1
+    assert "DEADLOCK" in capsys.readouterr().out
+    garbage = tmp_path / "garbage.xml"
+    garbage.write_text("<algo><gpu")
+    assert main(["msccl", "run", str(garbage)]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert main(["msccl", "validate", str(tmp_path / "missing.xml")]) == 2
+    assert "no such file" in capsys.readouterr().err
