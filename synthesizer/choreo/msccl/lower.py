@@ -101,7 +101,7 @@ def lower(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", ins
         tbs, max_steps = prog.assemble(epochs)
         if max_steps <= limit:
             break
-        epochs = max(epochs + 1, math.ceil(epochs * max_steps / (0.9 * limit)))
+        epochs = max(epochs + 1, math.ceil(epochs * max_steps / (0.8 * limit)))
         if epochs * prog.base_channels * instances > MAX_CHANNELS:
             raise InputError(
                 f"tenant {tenant}: the {dialect} runtime allows {limit} steps per threadblock; "
@@ -202,6 +202,7 @@ class _Program:
         combining = coll.combining
         src, dst, chunk, op = (self.src.tolist(), self.dst.tolist(), self.chunk.tolist(),
                                self.op.tolist())
+        reduce = int(Op.REDUCE)
         self.deps: list[list[int]] = [[] for _ in range(2 * T)]
         self.read_loc: list[Loc] = [("i", -1)] * T  # per send
         self.home: list[Loc] = [("o", -1)] * T  # per receive: where it stores
@@ -241,7 +242,7 @@ class _Program:
                     homes[key] = ("o", out)
             self.home[x] = homes[key]
             w = last.get(key)
-            if op[x] == Op.REDUCE:
+            if op[x] == reduce:
                 if w is None:
                     idx = input_index(coll, n, C, c, g, root)
                     assert idx is not None  # every rank contributes to a combining chunk
@@ -304,7 +305,8 @@ class _Program:
         pos = self.pos
         epoch = np.minimum(epochs - 1, pos[:T] * epochs // (2 * T))
         chan = (epoch * B + self.base).tolist()
-        src, dst = self.src.tolist(), self.dst.tolist()
+        src, dst, ops = self.src.tolist(), self.dst.tolist(), self.op.tolist()
+        reduce = int(Op.REDUCE)
         # Pair each rank's receive peer with the send peer it forwards most to, per channel.
         weight: dict[tuple[int, int, int, int], int] = defaultdict(int)
         sends: dict[tuple[int, int], set[int]] = defaultdict(set)
@@ -352,7 +354,7 @@ class _Program:
             else:
                 x = e - T
                 ref = tb_of[(dst[x], chan[x], "R", src[x])]
-                if self.op[x] == Op.REDUCE:
+                if ops[x] == reduce:
                     op = _Op("rrc", int(pos[e]), self.operand[x], self.home[x],
                              list(self.deps[e]), (e,))
                 else:
@@ -418,7 +420,7 @@ class _Program:
             return _Op("rcs", b.pos, a.dst, a.dst, deps, (r_ev, s_ev))
         x = r_ev - self.T
         needed = (any(e != s_ev for e in self.readers.get(r_ev, ()))
-                  or self.next_write.get(r_ev) == Op.REDUCE
+                  or self.next_write.get(r_ev) == int(Op.REDUCE)
                   or (r_ev in self.final_writes and self.home[x][0] == "o"))
         return _Op("rrcs" if needed else "rrs", b.pos, a.src, a.dst, deps, (r_ev, s_ev))
 
