@@ -114,8 +114,10 @@ def fabric_from_proto(msg: pb.FabricSnapshot) -> Topology:
     for i, v in enumerate(msg.failed_nodes):
         if v >= n:
             raise invalid(f"fabric.failed_nodes[{i}]", f"node {v} does not exist (0..{n - 1})")
+    if any(d < 1 for d in msg.dims):
+        raise invalid("fabric.dims", "every dimension must be at least 1")
     topo = Topology(name=msg.name or "fabric", kinds=tuple(kinds), links=tuple(links),
-                    failed=frozenset(msg.failed_nodes), names=names)
+                    failed=frozenset(msg.failed_nodes), names=names, dims=tuple(msg.dims))
     try:
         topo.validate("fabric")
     except InputError as err:
@@ -124,7 +126,7 @@ def fabric_from_proto(msg: pb.FabricSnapshot) -> Topology:
 
 
 def fabric_to_proto(topo: Topology) -> pb.FabricSnapshot:
-    msg = pb.FabricSnapshot(name=topo.name, failed_nodes=sorted(topo.failed))
+    msg = pb.FabricSnapshot(name=topo.name, failed_nodes=sorted(topo.failed), dims=topo.dims)
     for i, kind in enumerate(topo.kinds):
         msg.nodes.add(kind=pb.Node.SWITCH if kind is NodeKind.SWITCH else pb.Node.NPU,
                       name=topo.names[i] if topo.names else "")

@@ -117,7 +117,7 @@ def _chunker(work: Work, t: TenantSpec, j: int) -> Callable[[int], int]:
 
 def _lower(solved: list[_Solved], tenant: int, work: Work,
            where: str) -> list[tuple[str, str]]:
-    """One MSCCL XML file per bucket, each serving sizes ``lo`` up to (excluding) ``hi + 1``.
+    """One MSCCL XML file per bucket, each serving its sizes ``lo..hi`` (inclusive).
 
     A schedule the runtime could not run (too many steps for the channels, a collective the
     dialect lacks) is the request's fault: INVALID_ARGUMENT on that collective.
@@ -125,7 +125,7 @@ def _lower(solved: list[_Solved], tenant: int, work: Work,
     from choreo import msccl
 
     opts = work.options
-    buckets = [(s.bucket.lo, s.bucket.hi + 1, s.schedule) for s in solved]
+    buckets = [(s.bucket.lo, s.bucket.hi, s.schedule) for s in solved]
     try:
         files = msccl.bucket_files(buckets, tenant, dialect=opts.dialect,
                                    instances=opts.instances, proto=opts.proto)

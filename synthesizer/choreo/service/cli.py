@@ -1,0 +1,192 @@
+"""``choreo serve`` and ``choreo synthesize --remote``: the service's two command-line faces.
+
+``register`` adds ``serve`` and the ``--remote*`` flags of ``synthesize`` to the main
+parser; ``remote_synthesize`` builds the fabric and tenants exactly as the local path does,
+sends them, and prints the same kind of summary from the response.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+from rich.console import Console
+from rich.table import Table
+
+from choreo.errors import ChoreoError, InputError
+
+console = Console(stderr=False, highlight=False)
+
+
+def register(sub: Any) -> None:
+    """Add ``serve`` to ``sub`` and the remote flags to its ``synthesize`` command."""
+    p = sub.add_parser("serve", help="run the gRPC synthesizer service")
+    p.add_argument("--host", default="[::]", help="address to listen on (default all)")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--metrics-port", type=int, default=9090,
+                   help="Prometheus /metrics port; -1 turns the endpoint off")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="synthesis processes (default: one per CPU)")
+    p.add_argument("--queue", type=int, default=16,
+                   help="requests that may wait for a worker before RESOURCE_EXHAUSTED")
+    p.add_argument("--cache-mib", type=int, default=256, help="result cache size in MiB")
+    p.add_argument("--grace", type=float, default=30.0,
+                   help="seconds requests in flight may take to finish after SIGTERM")
+    p.add_argument("--tls-cert", help="server certificate (PEM); with --tls-key enables TLS")
+    p.add_argument("--tls-key", help="server private key (PEM)")
+    p.add_argument("--tls-client-ca", help="CA (PEM) that client certificates must chain to "
+                   "(mutual TLS)")
+    p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
+    p.add_argument("--warmup-topology", default="3d-rfs-16",
+                   help="built-in topology each worker solves once before the server reports "
+                   "SERVING ('' to skip)")
+    p.set_defaults(func=cmd_serve)
+
+    synth = sub.choices.get("synthesize")
+    if synth is not None:
+        r = synth.add_argument_group("remote synthesis")
+        r.add_argument("--remote", metavar="ADDR",
+                       help="ask a synthesizer service (host:port) instead of solving here")
+        r.add_argument("--remote-ca", help="CA (PEM) to verify the server; enables TLS")
+        r.add_argument("--remote-cert", help="client certificate (PEM) for mutual TLS")
+        r.add_argument("--remote-key", help="client key (PEM) for mutual TLS")
+        r.add_argument("--remote-timeout", type=float, default=300.0,
+                       help="seconds before the call gives up (DEADLINE_EXCEEDED)")
+        r.add_argument("--dialect", default="executor", help="MSCCL XML dialect (remote)")
+
+
+# ---- serve -----------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from choreo.service.server import ServerConfig, SynthesizerServer
+
+    for flag, value, least in (("--workers", args.workers, 1), ("--queue", args.queue, 0),
+                               ("--cache-mib", args.cache_mib, 0)):
+        if value < least:
+            raise InputError(f"{flag}: must be at least {least}, got {value}")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = ServerConfig(
+        host=args.host, port=args.port,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        workers=args.workers, queue=args.queue, cache_bytes=args.cache_mib << 20,
+        grace_seconds=args.grace, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca, reflection=args.reflection,
+        warmup_topology=args.warmup_topology)
+    server = SynthesizerServer(cfg)
+    server.install_signal_handlers()
+    port = server.start()
+    print(f"choreo synthesizer listening on {args.host}:{port}", file=sys.stderr, flush=True)
+    server.wait()
+    return 0
+
+
+# ---- synthesize --remote ---------------------------------------------------------------------
+
+
+def remote_synthesize(args: argparse.Namespace) -> int:
+    """The local ``synthesize`` inputs, solved by the service at ``args.remote``."""
+    from choreo.cli import load_fabric, write_all
+    from choreo.collectives import Collective, parse_size
+    from choreo.service.client import Client, TenantRequest, build_request, open_channel
+    from choreo.service.status import details_of
+    from choreo.tenants import TenantSpec, load_tenants
+
+    if args.restarts < 1:
+        raise InputError("--restarts: must be at least 1")
+    fabric = load_fabric(args.topology, args.fail)
+    if args.tenants:
+        specs, _relay = load_tenants(args.tenants, fabric)
+    else:
+        if args.chunks is not None and args.chunks < 1:
+            raise InputError(f"--chunks: must be at least 1, got {args.chunks}")
+        specs = [TenantSpec(name="tenant0", ranks=tuple(fabric.npus),
+                            collective=Collective.parse(args.collective, "--collective"),
+                            size=parse_size(args.size, "--size"), chunks=args.chunks,
+                            root=args.root)]
+    tenants = [TenantRequest(s.name, s.ranks, s.collective, s.size, s.size, s.chunks, s.root,
+                             s.weight) for s in specs]
+    request = build_request(fabric, tenants, restarts=args.restarts, seed=args.seed,
+                            dialect=args.dialect)
+    try:
+        channel = open_channel(args.remote, ca=args.remote_ca, cert=args.remote_cert,
+                               key=args.remote_key)
+    except OSError as err:
+        raise InputError(f"--remote-ca/--remote-cert/--remote-key: {err}") from None
+    with channel:
+        try:
+            response = Client(channel).synthesize(request, timeout=args.remote_timeout)
+        except grpc.RpcError as err:
+            raise ChoreoError(_describe(args.remote, err, details_of(err))) from None
+    ok = print_response(response)
+    if args.out:
+        from google.protobuf.json_format import MessageToDict
+
+        files: dict[str, Any] = {}
+        for t in response.tenants:
+            for c in t.collectives:
+                for b in c.buckets:
+                    files[b.file_name] = (lambda xml=b.xml: xml.encode())
+        summary = MessageToDict(response)
+        for t in summary.get("tenants", []):
+            for c in t.get("collectives", []):
+                for b in c.get("buckets", []):
+                    b.pop("xml", None)
+        files["summary.json"] = lambda: json.dumps(summary, indent=2).encode()
+        write_all(Path(args.out), files)
+        console.print(f"wrote {', '.join(files)} to {args.out}")
+    return 0 if ok else 1
+
+
+def _describe(address: str, err: grpc.RpcError, details: dict[str, Any]) -> str:
+    code = err.code() if hasattr(err, "code") else None
+    text = err.details() if hasattr(err, "details") else str(err)
+    out = f"{address}: {code.name if code else 'error'}: {text}"
+    bad = details.get("BadRequest")
+    if bad is not None:
+        fields = ", ".join(v.field for v in bad.field_violations)
+        out += f" (field: {fields})"
+    return out
+
+
+def print_response(response: Any) -> bool:
+    """A table per tenant and collective, like the local summary; True if all verified."""
+    from choreo.cli import _fmt_size, _fmt_time
+
+    ok = all(b.verification.ok for t in response.tenants for c in t.collectives
+             for b in c.buckets)
+    console.print(f"[bold]{response.engine}[/] schedules from the synthesizer"
+                  f"{' (cache hit)' if response.cache_hit else ''}: "
+                  + ("[green]verified[/]" if ok else "[red]FAILED verification[/]")
+                  + f", synthesized in {_fmt_time(response.synthesis_seconds)}, "
+                  f"fabric {response.fabric_fingerprint[:12]}")
+    for t in response.tenants:
+        for c in t.collectives:
+            table = Table(title=f"{t.name}: {c.collective}", title_justify="left")
+            for col, justify in (("sizes", "left"), ("chunks", "right"), ("time", "right"),
+                                 ("algbw GB/s", "right"), ("busbw GB/s", "right"),
+                                 ("lower bound", "right"), ("of bound", "right"),
+                                 ("verified", "left"), ("file", "left")):
+                table.add_column(col, justify=justify)  # type: ignore[arg-type]
+            for b in c.buckets:
+                p = b.prediction
+                sizes = (_fmt_size(b.min_bytes) if b.min_bytes == b.max_bytes
+                         else f"{_fmt_size(b.min_bytes)} .. {_fmt_size(b.max_bytes)}")
+                table.add_row(sizes, str(b.chunks), _fmt_time(p.time_seconds),
+                              f"{p.algbw_bytes_per_second / 1e9:.1f}",
+                              f"{p.busbw_bytes_per_second / 1e9:.1f}",
+                              _fmt_time(p.lower_bound_seconds), f"{p.fraction_of_bound:.1%}",
+                              "[green]yes[/]" if b.verification.ok else "[red]no[/]",
+                              b.file_name)
+            console.print(table)
+            for b in c.buckets:
+                for e in b.verification.errors:
+                    console.print(f"  [red]{e}[/]")
+    return ok

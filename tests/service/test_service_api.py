@@ -1,0 +1,222 @@
+"""The Synthesize RPC against a real server: results, cache, streaming and every bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from service_helpers import Running, quick_request
+
+from choreo.generators import build
+from choreo.service.api import pb
+from choreo.service.client import TenantRequest, build_request
+from choreo.service.convert import fabric_to_proto
+from choreo.service.status import details_of
+
+
+def _fail(served: Running, request: pb.SynthesizeRequest | bytes) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        served.client.synthesize(request, timeout=60)
+    return info.value
+
+
+def test_ok_returns_xml_predictions_and_verdict_per_bucket(served: Running) -> None:
+    from choreo import msccl
+
+    fabric = build("3d-rfs-16")
+    resp = served.client.synthesize(quick_request("ok-tenant", seed=11), timeout=120)
+    assert not resp.cache_hit
+    assert resp.fabric_fingerprint == fabric.fingerprint()
+    assert resp.engine == "greedy"
+    [tenant] = resp.tenants
+    assert tenant.name == "ok-tenant"
+    [coll] = tenant.collectives
+    assert coll.collective == "allreduce"
+    assert len(coll.buckets) == 2
+    assert coll.buckets[0].min_bytes == 1 << 20 and coll.buckets[-1].max_bytes == 64 << 20
+    assert coll.buckets[0].max_bytes + 1 == coll.buckets[1].min_bytes  # contiguous
+    names = {b.file_name for b in coll.buckets}
+    assert len(names) == 2
+    for b in coll.buckets:
+        assert b.min_bytes <= b.representative_bytes <= b.max_bytes
+        assert b.verification.ok and b.verification.transfers > 0
+        p = b.prediction
+        assert p.time_seconds > 0 and p.algbw_bytes_per_second > 0
+        assert p.busbw_bytes_per_second == pytest.approx(p.algbw_bytes_per_second * 2 * 15 / 16)
+        assert 0 < p.fraction_of_bound <= 1.0 + 1e-9
+        assert p.lower_bound_seconds == pytest.approx(p.fraction_of_bound * p.time_seconds)
+        assert msccl.validate(b.xml) == [], b.file_name
+    # larger messages get more bandwidth out of the same fabric
+    assert (coll.buckets[1].prediction.algbw_bytes_per_second
+            > coll.buckets[0].prediction.algbw_bytes_per_second)
+
+
+def test_second_identical_request_is_a_fast_cache_hit(served: Running) -> None:
+    request = quick_request("cache-tenant", seed=12)
+    t0 = time.perf_counter()
+    first = served.client.synthesize(request, timeout=120)
+    fresh = time.perf_counter() - t0
+    hits_before = served.server.metrics.cache_hits._value.get()
+    t0 = time.perf_counter()
+    second = served.client.synthesize(request, timeout=30)
+    cached = time.perf_counter() - t0
+    assert not first.cache_hit and second.cache_hit
+    second.cache_hit = False
+    assert second == first
+    assert cached < fresh / 5, (cached, fresh)
+    assert served.server.metrics.cache_hits._value.get() == hits_before + 1
+
+
+def test_idempotency_key_and_deadline_do_not_change_the_cache_key(served: Running) -> None:
+    served.client.synthesize(quick_request("key-tenant", seed=13, key="a"), timeout=120)
+    again = served.client.synthesize(quick_request("key-tenant", seed=13, key="b",
+                                                   deadline=99), timeout=30)
+    assert again.cache_hit
+    other = served.client.synthesize(quick_request("key-tenant", seed=14, key="b"), timeout=120)
+    assert not other.cache_hit
+
+
+def test_stream_reports_progress_then_the_result(served: Running) -> None:
+    events = list(served.client.stream(quick_request("stream-tenant", seed=15), timeout=120))
+    stages = [e.progress.stage for e in events if e.WhichOneof("event") == "progress"]
+    assert stages[0] == "queued"
+    assert {"started", "synthesizing", "evaluating", "lowering"} <= set(stages)
+    assert events[-1].WhichOneof("event") == "result"
+    assert all(e.WhichOneof("event") == "progress" for e in events[:-1])
+    done = [e.progress.done for e in events if e.progress.total]
+    assert done == sorted(done)
+    result = events[-1].result
+    assert "<algo" in result.tenants[0].collectives[0].buckets[0].xml
+    cached = list(served.client.stream(quick_request("stream-tenant", seed=15), timeout=30))
+    assert len(cached) == 1 and cached[0].result.cache_hit
+
+
+def _bad_requests() -> list[tuple[str, pb.SynthesizeRequest | bytes, str]]:
+    fabric = build("3d-rfs-16")
+    good = quick_request("bad")
+    cases: list[tuple[str, pb.SynthesizeRequest | bytes, str]] = []
+
+    def case(name: str, field: str, edit: object) -> None:
+        req = pb.SynthesizeRequest()
+        req.CopyFrom(good)
+        edit(req)  # type: ignore[operator]
+        cases.append((name, req, field))
+
+    cases.append(("not protobuf", b"\xff\xff\xff\xff garbage", "request"))
+    case("no fabric", "fabric", lambda r: r.ClearField("fabric"))
+    case("no tenants", "tenants", lambda r: r.ClearField("tenants"))
+    case("empty npu list", "tenants[0].npus", lambda r: r.tenants[0].ClearField("npus"))
+    case("npu not in fabric", "tenants[0].npus[1]", lambda r: r.tenants[0].npus.__setitem__(1, 999))
+    case("switch as npu", "tenants[0].npus[0]",
+         lambda r: r.tenants[0].npus.__setitem__(0, fabric.switches[0]))
+    case("npu twice", "tenants[0].npus[1]", lambda r: r.tenants[0].npus.__setitem__(1, 0))
+    case("zero bytes", "tenants[0].collectives[0].min_bytes",
+         lambda r: setattr(r.tenants[0].collectives[0], "min_bytes", 0))
+    case("over 1 TiB", "tenants[0].collectives[0].max_bytes",
+         lambda r: setattr(r.tenants[0].collectives[0], "max_bytes", (1 << 40) + 1))
+    case("range backwards", "tenants[0].collectives[0].max_bytes",
+         lambda r: setattr(r.tenants[0].collectives[0], "max_bytes", 1))
+    case("unknown collective", "tenants[0].collectives[0].collective",
+         lambda r: setattr(r.tenants[0].collectives[0], "collective", "allsmash"))
+    case("no collectives", "tenants[0].collectives",
+         lambda r: r.tenants[0].ClearField("collectives"))
+    case("zero chunks", "tenants[0].collectives[0].chunks",
+         lambda r: setattr(r.tenants[0].collectives[0], "chunks", 0))
+    case("no tenant name", "tenants[0].name", lambda r: setattr(r.tenants[0], "name", ""))
+    case("negative weight", "tenants[0].weight", lambda r: setattr(r.tenants[0], "weight", -1))
+    case("relay through others", "tenants[0].relay",
+         lambda r: setattr(r.tenants[0], "relay", pb.Tenant.RELAY_THROUGH_OTHERS))
+    case("zero bandwidth", "fabric.links[3].bandwidth_bytes_per_second",
+         lambda r: setattr(r.fabric.links[3], "bandwidth_bytes_per_second", 0))
+    case("link to nowhere", "fabric.links[0].dst",
+         lambda r: setattr(r.fabric.links[0], "dst", 10_000))
+    case("unknown link kind", "fabric.links[2].kind",
+         lambda r: setattr(r.fabric.links[2], "kind", "carrier-pigeon"))
+    case("no nodes", "fabric.nodes", lambda r: r.fabric.ClearField("nodes"))
+    case("failed node out of range", "fabric.failed_nodes[0]",
+         lambda r: r.fabric.failed_nodes.append(5000))
+    case("unknown engine", "options.engine", lambda r: setattr(r.options, "engine", "oracle"))
+    case("unknown dialect", "options.dialect", lambda r: setattr(r.options, "dialect", "xla"))
+    case("unknown protocol", "options.proto", lambda r: setattr(r.options, "proto", "LL256"))
+    case("too many restarts", "options.restarts",
+         lambda r: setattr(r.options, "restarts", 10_000))
+    case("negative deadline", "options.deadline_seconds",
+         lambda r: setattr(r.options, "deadline_seconds", -1))
+
+    def duplicate_tenant(r: pb.SynthesizeRequest) -> None:
+        r.tenants.append(r.tenants[0])
+
+    case("duplicate tenant", "tenants[1].name", duplicate_tenant)
+    return cases
+
+
+@pytest.mark.parametrize(("name", "request_", "field"), _bad_requests(),
+                         ids=[c[0] for c in _bad_requests()])
+def test_invalid_argument_names_the_field(served: Running, name: str,
+                                          request_: pb.SynthesizeRequest | bytes,
+                                          field: str) -> None:
+    err = _fail(served, request_)
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, (name, err.details())
+    bad = details_of(err)["BadRequest"]
+    assert [v.field for v in bad.field_violations] == [field]  # type: ignore[attr-defined]
+    assert err.details().startswith(field)
+
+
+def test_disconnected_tenant_is_failed_precondition(served: Running) -> None:
+    fabric = build("ring-8")
+    snapshot = fabric_to_proto(fabric)
+    for link in snapshot.links:  # cut the ring between 1|2 and 5|6: two halves
+        if {link.src, link.dst} in ({1, 2}, {5, 6}):
+            link.healthy = False
+    tenants = [TenantRequest("halves", [0, 1, 2, 3], "allgather", 1 << 20)]
+    err = _fail(served, build_request(snapshot, tenants))
+    assert err.code() is grpc.StatusCode.FAILED_PRECONDITION
+    details = details_of(err)
+    info = details["ErrorInfo"]
+    assert info.reason == "TENANT_DISCONNECTED"  # type: ignore[attr-defined]
+    assert info.metadata["tenant"] == "halves"  # type: ignore[attr-defined]
+    [violation] = details["PreconditionFailure"].violations  # type: ignore[attr-defined]
+    assert violation.subject == "tenants[0]"
+    assert "disconnected" in err.details()
+
+
+def test_failed_npu_is_failed_precondition(served: Running) -> None:
+    snapshot = fabric_to_proto(build("ring-8"))
+    snapshot.failed_nodes.append(2)
+    err = _fail(served, build_request(snapshot, [TenantRequest("t", [0, 1, 2], "allgather",
+                                                               1 << 20)]))
+    assert err.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert details_of(err)["ErrorInfo"].reason == "NPU_FAILED"  # type: ignore[attr-defined]
+
+
+def test_request_over_the_size_limit_is_refused(served: Running) -> None:
+    big = quick_request("big")
+    big.fabric.name = "x" * (65 << 20)
+    err = _fail(served, big)
+    assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "larger than max" in err.details()
+
+
+def test_server_keeps_serving_while_bad_requests_pour_in(served: Running) -> None:
+    bad = [r for _, r, _ in _bad_requests()]
+    codes: list[grpc.StatusCode] = []
+
+    def hammer() -> None:
+        for _ in range(3):
+            for req in bad:
+                try:
+                    served.client.synthesize(req, timeout=30)
+                except grpc.RpcError as err:
+                    codes.append(err.code())
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    good = served.client.synthesize(quick_request("survivor", seed=16), timeout=120)
+    for t in threads:
+        t.join(timeout=120)
+    assert good.tenants[0].collectives[0].buckets[0].verification.ok
+    assert len(codes) == 4 * 3 * len(bad)
+    assert set(codes) == {grpc.StatusCode.INVALID_ARGUMENT}
