@@ -27,6 +27,7 @@ from choreo.msccl import cli as msccl_cli
 from choreo.report import Evaluation, evaluate
 from choreo.schedule import Schedule
 from choreo.topology import Topology
+from choreo_agents import cli as agent_cli
 
 console = Console(highlight=False, soft_wrap=True)
 status_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -97,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="also write the rows to this file")
     b.set_defaults(func=cmd_bench)
     msccl_cli.register(sub)
+    agent_cli.register(sub)
     return p
 
 
