@@ -29,6 +29,7 @@ CHUNK_ALPHA_FACTOR = 50.0
 MAX_TOTAL_CHUNKS = 8192
 MAX_CHUNKS_PER_PIECE = 8
 MAX_CHUNKS_ROOTED = 64
+LARGE_FABRIC = 256  # NPUs; above this only the sparsest switch unwindings are tried
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,9 @@ def _logical_views(fabric: Topology, opts: SynthOptions) -> list[Topology]:
         for s in fabric.switches
     )
     degrees = opts.degrees or tuple(candidate_degrees(max(ports, 2)))
+    if not opts.degrees and len(fabric.npus) > LARGE_FABRIC:
+        # Each try is a full synthesis; on large fabrics the sparse unwindings always win.
+        degrees = tuple(d for d in degrees if d <= 2) or degrees[:1]
     return [unwind(fabric, d) for d in degrees]
 
 

@@ -118,13 +118,13 @@ struct State<'a> {
     exclusive: bool,
     in_nodes: Vec<Vec<u32>>,
     faster_in: Vec<Vec<u32>>,
-    scratch: Vec<u64>,
     have: BitMatrix,
     need: BitMatrix,
     want: BitMatrix,
     inflight: BitMatrix,
     have_time: Vec<f64>,
     inflight_tx: Vec<u32>,
+    holders: Vec<u32>,
     transfers: Vec<Transfer>,
     link_free_at: Vec<f64>,
     link_epoch: Vec<u32>,
@@ -157,10 +157,15 @@ impl<'a> State<'a> {
             return false;
         }
         self.have.set(node, chunk);
-        self.have_time[node * self.k + chunk] = time;
+        self.holders[chunk] += 1;
+        if self.replacement {
+            self.have_time[node * self.k + chunk] = time;
+        }
         if self.inflight.get(node, chunk) {
             self.inflight.clear(node, chunk);
-            self.inflight_tx[node * self.k + chunk] = NONE;
+            if self.replacement {
+                self.inflight_tx[node * self.k + chunk] = NONE;
+            }
         }
         if self.want.get(node, chunk) {
             if self.need.get(node, chunk) {
@@ -178,30 +183,6 @@ impl<'a> State<'a> {
     /// receiving (only this link can bring them soon); then, chunks absent from the fast
     /// island. A link with neither stays idle until `u` gains a chunk.
     fn primary(&mut self, link: usize, u: usize, v: usize) -> Option<usize> {
-        let words = self.have.words_per_row();
-        if self.exclusive {
-            // scratch[0..words]: exclusive candidates; scratch[words..]: outside the fast island
-            self.scratch.clear();
-            self.scratch.resize(2 * words, 0);
-            for x in 0..words {
-                let candidates = self.have.word(u, x) & self.need.word(v, x);
-                if candidates == 0 {
-                    continue;
-                }
-                let mut island = 0u64;
-                for &w in &self.faster_in[link] {
-                    island |= self.have.word(w as usize, x) | self.inflight.word(w as usize, x);
-                }
-                let mut near = island;
-                for &w in &self.in_nodes[v] {
-                    if w as usize != u {
-                        near |= self.have.word(w as usize, x) | self.inflight.word(w as usize, x);
-                    }
-                }
-                self.scratch[x] = candidates & !near;
-                self.scratch[words + x] = candidates & !island;
-            }
-        }
         let passes = if self.exclusive { 2 } else { 1 };
         for ci in 0..self.classes.len() {
             let (lo, hi) = self.classes[ci];
@@ -210,12 +191,39 @@ impl<'a> State<'a> {
             }
             for pass in 0..passes {
                 let from = self.rng.usize(lo..hi);
-                let (have, need, scratch) = (&self.have, &self.need, &self.scratch);
-                let found = if self.exclusive {
-                    let base = pass * words;
-                    cyclic_first(lo, hi, from, |x| scratch[base + x])
+                // Masks are computed word by word during the scan: the scan usually stops
+                // after a few words, so most of a large row is never touched.
+                let (have, need, inflight) = (&self.have, &self.need, &self.inflight);
+                let island = &self.faster_in[link];
+                let near: &[u32] = if self.exclusive && pass == 0 { &self.in_nodes[v] } else { &[] };
+                let exclusive = self.exclusive;
+                let word = |x: usize| {
+                    let candidates = have.word(u, x) & need.word(v, x);
+                    if candidates == 0 || !exclusive {
+                        return candidates;
+                    }
+                    let mut elsewhere = 0u64;
+                    for &w in island.iter().chain(near.iter()) {
+                        if w as usize != u {
+                            elsewhere |= have.word(w as usize, x) | inflight.word(w as usize, x);
+                        }
+                    }
+                    candidates & !elsewhere
+                };
+                // A slow link (one with a fast island) is scarce: spend it on the chunk held by
+                // the fewest nodes, which has the most destinations left to reach.
+                let found = if exclusive && !island.is_empty() {
+                    let holders = &self.holders;
+                    let mut best: Option<usize> = None;
+                    cyclic_find(lo, hi, from, word, |c| {
+                        if best.is_none_or(|b| holders[c] < holders[b]) {
+                            best = Some(c);
+                        }
+                        false
+                    });
+                    best
                 } else {
-                    cyclic_first(lo, hi, from, |x| have.word(u, x) & need.word(v, x))
+                    cyclic_first(lo, hi, from, word)
                 };
                 if found.is_some() {
                     return found;
@@ -233,7 +241,9 @@ impl<'a> State<'a> {
             self.need.clear(v, chunk);
         }
         self.inflight.set(v, chunk);
-        self.inflight_tx[v * self.k + chunk] = tx;
+        if self.replacement {
+            self.inflight_tx[v * self.k + chunk] = tx;
+        }
         self.occupy(link, end);
         self.events.push(Event { time: end, kind: Kind::Arrival, id: tx, epoch: 0 });
     }
@@ -461,7 +471,10 @@ fn check(p: &Problem) -> Result<(), String> {
     if p.chunk_tenant.iter().any(|&t| t as usize >= p.tenant_bytes.len()) {
         return Err("a chunk names an unknown tenant".into());
     }
-    if p.link_bandwidth.iter().any(|&b| !(b > 0.0)) || p.link_alpha.iter().any(|&a| !(a >= 0.0)) {
+    // written so that NaN fails too
+    let positive = |x: f64| x > 0.0;
+    let non_negative = |x: f64| x >= 0.0;
+    if !p.link_bandwidth.iter().all(|&b| positive(b)) || !p.link_alpha.iter().all(|&a| non_negative(a)) {
         return Err("link bandwidth must be positive and alpha non-negative".into());
     }
     Ok(())
@@ -518,22 +531,24 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
         target_count[d as usize] += 1;
     }
     let relays = (0..l).any(|i| target_count[p.link_dst[i] as usize] < k);
+    // With every link equally fast a transfer already under way can never be beaten.
+    let replacement = opt.replacement && !uniform_links(p);
     let mut st = State {
         p,
         k,
         rng: fastrand::Rng::with_seed(opt.seed),
-        // With every link equally fast a transfer already under way can never be beaten.
-        replacement: opt.replacement && !uniform_links(p),
+        replacement,
         exclusive: opt.exclusive,
         faster_in: fast_islands(p, &link_order_key),
         in_nodes,
-        scratch: Vec::new(),
         have: BitMatrix::new(n, k),
         need: want.clone(),
         want,
         inflight: BitMatrix::new(n, k),
-        have_time: vec![f64::INFINITY; n * k],
-        inflight_tx: vec![NONE; n * k],
+        // Per (node, chunk) arrival times and carriers matter only for chunk replacement.
+        have_time: vec![f64::INFINITY; if replacement { n * k } else { 0 }],
+        inflight_tx: vec![NONE; if replacement { n * k } else { 0 }],
+        holders: vec![0; k],
         transfers: Vec::new(),
         link_free_at: p.link_free_at.clone(),
         link_epoch: vec![0; l],
