@@ -36,7 +36,9 @@ cluster-binaries: $(VENV)/.deps
 	$(BIN)/choreo-dev build
 
 test: setup cluster-binaries
+	cargo test --release --quiet --no-default-features --manifest-path synthesizer/engine/Cargo.toml
 	$(BIN)/pytest -q
+	$(MAKE) --no-print-directory lint
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not e2e and not slow"
@@ -44,7 +46,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	cargo clippy --quiet --manifest-path synthesizer/engine/Cargo.toml -- -D warnings
+	cargo clippy --quiet --release --all-targets --manifest-path synthesizer/engine/Cargo.toml -- -D warnings
 
 bench: setup
 	$(BIN)/choreo bench
