@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -11,7 +14,7 @@ from service_helpers import Running, quick_request
 
 from choreo.generators import build
 from choreo.service.api import pb
-from choreo.service.client import TenantRequest, build_request
+from choreo.service.client import TenantRequest, bucket_xml, build_request
 from choreo.service.convert import fabric_to_proto
 from choreo.service.status import details_of
 
@@ -51,6 +54,20 @@ def test_ok_returns_xml_predictions_and_verdict_per_bucket(served: Running) -> N
     # larger messages get more bandwidth out of the same fabric
     assert (coll.buckets[1].prediction.algbw_bytes_per_second
             > coll.buckets[0].prediction.algbw_bytes_per_second)
+
+
+def test_gzip_encoding_carries_the_same_xml_smaller(served: Running) -> None:
+    plain = served.client.synthesize(quick_request("gz", seed=17), timeout=120)
+    request = quick_request("gz", seed=17)
+    request.options.xml_encoding = pb.Options.XML_GZIP
+    packed = served.client.synthesize(request, timeout=120)
+    assert not packed.cache_hit  # a different answer, cached separately
+    for a, b in zip(plain.tenants[0].collectives[0].buckets,
+                    packed.tenants[0].collectives[0].buckets, strict=True):
+        assert b.xml == "" and a.xml_gzip == b""
+        assert bucket_xml(b) == a.xml
+        assert len(b.xml_gzip) * 5 < len(a.xml)
+    assert packed.ByteSize() * 3 < plain.ByteSize()
 
 
 def test_second_identical_request_is_a_fast_cache_hit(served: Running) -> None:
@@ -220,3 +237,40 @@ def test_server_keeps_serving_while_bad_requests_pour_in(served: Running) -> Non
     assert good.tenants[0].collectives[0].buckets[0].verification.ok
     assert len(codes) == 4 * 3 * len(bad)
     assert set(codes) == {grpc.StatusCode.INVALID_ARGUMENT}
+
+
+def _remote_args(served: Running, out: str | None, **overrides: object) -> argparse.Namespace:
+    args = argparse.Namespace(
+        topology="3d-rfs-16", fail="", tenants=None, collective="allgather", size="16MiB",
+        chunks=None, root=0, restarts=2, seed=0, dialect="executor", remote=served.address,
+        remote_ca=None, remote_cert=None, remote_key=None, remote_timeout=120.0, out=out)
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args
+
+
+def test_remote_cli_writes_xml_and_summary(served: Running, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from choreo import msccl
+    from choreo.service.cli import remote_synthesize
+
+    out = tmp_path / "out"
+    assert remote_synthesize(_remote_args(served, str(out))) == 0
+    printed = capsys.readouterr().out
+    assert "tenant0: allgather" in printed and "verified" in printed
+    xmls = sorted(out.glob("*.xml"))
+    assert len(xmls) == 1
+    assert msccl.validate(xmls[0].read_text()) == []
+    summary = json.loads((out / "summary.json").read_text())
+    bucket = summary["tenants"][0]["collectives"][0]["buckets"][0]
+    assert "xml" not in bucket and bucket["fileName"] == xmls[0].name
+    assert bucket["verification"]["ok"] is True
+
+
+def test_remote_cli_reports_the_status_and_field(served: Running) -> None:
+    from choreo.errors import ChoreoError
+    from choreo.service.cli import remote_synthesize
+
+    with pytest.raises(ChoreoError, match=r"INVALID_ARGUMENT: options\.dialect: .*"
+                                          r"\(field: options\.dialect\)"):
+        remote_synthesize(_remote_args(served, None, dialect="xla"))

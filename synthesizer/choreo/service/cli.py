@@ -95,7 +95,13 @@ def remote_synthesize(args: argparse.Namespace) -> int:
     """The local ``synthesize`` inputs, solved by the service at ``args.remote``."""
     from choreo.cli import load_fabric, write_all
     from choreo.collectives import Collective, parse_size
-    from choreo.service.client import Client, TenantRequest, build_request, open_channel
+    from choreo.service.client import (
+        Client,
+        TenantRequest,
+        bucket_xml,
+        build_request,
+        open_channel,
+    )
     from choreo.service.status import details_of
     from choreo.tenants import TenantSpec, load_tenants
 
@@ -133,12 +139,14 @@ def remote_synthesize(args: argparse.Namespace) -> int:
         for t in response.tenants:
             for c in t.collectives:
                 for b in c.buckets:
-                    files[b.file_name] = (lambda xml=b.xml: xml.encode())
+                    data = bucket_xml(b).encode()
+                    files[b.file_name] = lambda data=data: data
         summary = MessageToDict(response)
         for t in summary.get("tenants", []):
             for c in t.get("collectives", []):
                 for b in c.get("buckets", []):
                     b.pop("xml", None)
+                    b.pop("xmlGzip", None)
         files["summary.json"] = lambda: json.dumps(summary, indent=2).encode()
         write_all(Path(args.out), files)
         console.print(f"wrote {', '.join(files)} to {args.out}")

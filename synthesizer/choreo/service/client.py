@@ -6,6 +6,7 @@ its own client generated from the same .proto.
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +37,14 @@ class TenantRequest:
 def build_request(fabric: Topology | pb.FabricSnapshot, tenants: Sequence[TenantRequest], *,
                   restarts: int = 0, seed: int = 0, dialect: str = "", instances: int = 0,
                   proto: str = "", deadline_seconds: float = 0.0, max_buckets: int = 0,
-                  idempotency_key: str = "") -> pb.SynthesizeRequest:
+                  idempotency_key: str = "", gzip: bool = False) -> pb.SynthesizeRequest:
     snapshot = fabric if isinstance(fabric, pb.FabricSnapshot) else fabric_to_proto(fabric)
     req = pb.SynthesizeRequest(
         fabric=snapshot, idempotency_key=idempotency_key,
         options=pb.Options(restarts=restarts, seed=seed, dialect=dialect, instances=instances,
                            proto=proto, deadline_seconds=deadline_seconds,
-                           max_buckets=max_buckets))
+                           max_buckets=max_buckets,
+                           xml_encoding=pb.Options.XML_GZIP if gzip else pb.Options.XML_PLAIN))
     for t in tenants:
         coll = t.collective.value if isinstance(t.collective, Collective) else t.collective
         spec = pb.CollectiveSpec(collective=coll, min_bytes=t.min_bytes, max_bytes=t.max_bytes,
@@ -95,6 +97,13 @@ class Client:
     def stream(self, request: pb.SynthesizeRequest | bytes,
                timeout: float | None = None) -> Iterator[pb.SynthesizeEvent]:
         return self._stream(request, timeout=timeout)
+
+
+def bucket_xml(bucket: pb.Bucket) -> str:
+    """A bucket's MSCCL XML whichever encoding it was sent in."""
+    if bucket.xml_gzip:
+        return gzip.decompress(bucket.xml_gzip).decode()
+    return bucket.xml
 
 
 def _serialize(msg: pb.SynthesizeRequest | bytes) -> bytes:

@@ -57,6 +57,7 @@ class OptionsSpec:
     instances: int
     proto: str
     max_buckets: int
+    gzip: bool
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,10 @@ def options_from_proto(o: pb.Options) -> tuple[OptionsSpec, float]:
         raise invalid("options.max_buckets", f"at most {MAX_BUCKETS}, got {buckets}")
     if not (math.isfinite(o.deadline_seconds) and o.deadline_seconds >= 0):
         raise invalid("options.deadline_seconds", f"must be >= 0, got {o.deadline_seconds}")
-    spec = OptionsSpec(engine, restarts, o.seed, dialect, instances, proto, buckets)
+    if o.xml_encoding not in (pb.Options.XML_PLAIN, pb.Options.XML_GZIP):
+        raise invalid("options.xml_encoding", f"unknown encoding {o.xml_encoding}")
+    spec = OptionsSpec(engine, restarts, o.seed, dialect, instances, proto, buckets,
+                       o.xml_encoding == pb.Options.XML_GZIP)
     return spec, o.deadline_seconds
 
 

@@ -11,6 +11,7 @@ an MSCCL program may name nothing but the tenant's GPUs.
 
 from __future__ import annotations
 
+import gzip
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,10 +100,15 @@ def _run(work: Work, say: Say) -> bytes:
             done += len(solved[(i, j)])
             res = out.collectives.add(collective=c.collective.value)
             for s, (file_name, xml) in zip(solved[(i, j)], files, strict=True):
-                res.buckets.add(min_bytes=s.bucket.lo, max_bytes=s.bucket.hi,
-                                representative_bytes=s.bucket.size, chunks=s.bucket.chunks,
-                                file_name=file_name, xml=xml, prediction=s.prediction,
-                                verification=s.verification, engine=s.schedule.engine)
+                bucket = res.buckets.add(
+                    min_bytes=s.bucket.lo, max_bytes=s.bucket.hi,
+                    representative_bytes=s.bucket.size, chunks=s.bucket.chunks,
+                    file_name=file_name, prediction=s.prediction,
+                    verification=s.verification, engine=s.schedule.engine)
+                if opts.gzip:
+                    bucket.xml_gzip = gzip.compress(xml.encode(), compresslevel=6, mtime=0)
+                else:
+                    bucket.xml = xml
     response.synthesis_seconds = time.perf_counter() - started
     return response.SerializeToString()
 
