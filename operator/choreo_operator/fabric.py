@@ -1,0 +1,417 @@
+"""FabricTopology + NodeFabric - DeviceFailure - NotReady nodes -> one ``choreo.topology.Topology``.
+
+The operator's fabric graph is the same type every other part of choreo uses, so the request
+it sends is exactly what the synthesizer verifies against. Node models come from
+``choreo.generators`` (a preset is built once and copied per node) unless the node's agent has
+reported a NodeFabric. GPU ``g`` of node ``n`` is named ``n/gpu<g>``; NPUs get the ids
+0..N-1 in fabric-position order, switches follow.
+
+Inter-node shapes:
+- ``rail``: rail switch ``rail<r>`` joins NIC ``r`` of every node. A NIC is a switch node
+  ``<node>/nic<r>`` shared by the GPUs ``g`` with ``g * rails // gpus == r`` (or as the agent
+  reported); with one rail per GPU, GPU ``r`` plugs into rail ``r`` directly, as in
+  ``generators.dgx_h100``.
+- ``switch``: the same NICs, all on one switch ``fabric-switch``.
+- ``torus``: nodes on a torus over ``dims`` by position; GPU ``g`` links to GPU ``g`` of each
+  neighbour node.
+- ``none``: nodes are islands.
+
+References to nodes, GPUs, links or NICs the fabric does not have never raise: they are
+reported per DeviceFailure in ``Fabric.problems`` so the operator can set a condition.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from choreo import generators
+from choreo.errors import InputError
+from choreo.topology import Link, NodeKind, Topology
+from choreo_operator.model import DeviceFailureSpec, FabricSpec, NodeFabricSpec
+
+Ref = tuple[str, int | str]  # ("gpu", local index) or ("sw", local switch name)
+
+
+@dataclass
+class LocalModel:
+    """One node's GPUs, switches and directed links, in node-local references."""
+
+    gpus: tuple[int, ...]
+    switches: list[str] = field(default_factory=list)
+    links: list[tuple[Ref, Ref, float, float, str, bool]] = field(default_factory=list)
+    failed_gpus: set[int] = field(default_factory=set)
+    # rail -> (attach point, port bandwidth or None for the fabric default)
+    rails: dict[int, tuple[Ref, float | None]] = field(default_factory=dict)
+    nic_names: dict[str, int] = field(default_factory=dict)  # NIC name -> rail
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The fabric graph and how Kubernetes names map onto it."""
+
+    topology: Topology
+    gpu_ids: Mapping[tuple[str, int], int]
+    node_gpus: Mapping[str, tuple[int, ...]]
+    problems: Mapping[str, str]
+    notes: tuple[str, ...] = ()
+
+    def gpu(self, node: str, index: int) -> int | None:
+        return self.gpu_ids.get((node, index))
+
+
+# ---- node models -------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=32)
+def _preset_topology(preset: str, gpus: int, bandwidth: float | None,
+                     alpha: float | None) -> Topology:
+    default_alpha = 0.7e-6 if alpha is None else alpha
+    if preset in ("dgx-h100", "hgx-8"):
+        return generators.dgx_h100(1, nvswitch_bandwidth=bandwidth or 450e9,
+                                   nvswitch_alpha=default_alpha)
+    if preset == "dgx2":
+        return generators.dgx2(1, nvswitch_bandwidth=bandwidth or 1e6 / 8e-6,
+                               nvswitch_alpha=default_alpha)
+    if preset == "dgx1":
+        return generators.dgx1(bandwidth=bandwidth or 25e9, alpha=default_alpha)
+    if preset == "mi250":
+        return generators.mi250(xgmi_bandwidth=bandwidth or 50e9, alpha=default_alpha)
+    if gpus < 2:
+        return Topology(name="generic-1", kinds=(NodeKind.NPU,), links=(), names=("gpu0",))
+    return generators.switch(gpus, bandwidth=bandwidth or 450e9, alpha=default_alpha,
+                             kind="nvswitch")
+
+
+def _local_name(name: str) -> str:
+    return name.split("/", 1)[1] if "/" in name else name
+
+
+def preset_model(spec: FabricSpec) -> LocalModel:
+    """The node model of ``spec.intraNode``, built by the matching generator."""
+    topo = _preset_topology(spec.preset, spec.gpus, spec.intra_bandwidth, spec.intra_alpha)
+    npus = topo.all_npus
+    model = LocalModel(gpus=tuple(range(len(npus))))
+    refs: dict[int, Ref] = {v: ("gpu", i) for i, v in enumerate(npus)}
+    for v in topo.switches:
+        name = _local_name(topo.node_name(v))
+        model.switches.append(name)
+        refs[v] = ("sw", name)
+    for lk in topo.links:
+        model.links.append((refs[lk.src], refs[lk.dst], lk.alpha, lk.bandwidth, lk.kind, True))
+    return model
+
+
+def agent_model(nf: NodeFabricSpec) -> LocalModel:
+    """The node model its agent measured: GPUs, links (switch and NIC ports are duplex)."""
+    model = LocalModel(gpus=tuple(g.index for g in nf.gpus))
+    model.failed_gpus = {g.index for g in nf.gpus if not g.healthy}
+    known = set(model.gpus)
+    nic_health = {n.name: n.healthy for n in nf.nics}
+    linked_nics: set[str] = set()
+    for lk in nf.links:
+        if lk.src not in known:
+            continue
+        src: Ref = ("gpu", lk.src)
+        if lk.dst_gpu is not None:
+            if lk.dst_gpu not in known:
+                continue
+            for _ in range(lk.count):
+                model.links.append((src, ("gpu", lk.dst_gpu), lk.alpha, lk.bandwidth, lk.kind,
+                                    lk.healthy))
+            continue
+        name = lk.dst_switch if lk.dst_switch is not None else lk.dst_nic
+        if name is None:
+            continue
+        if name not in model.switches:
+            model.switches.append(name)
+        if lk.dst_nic is not None:
+            linked_nics.add(name)
+        healthy = lk.healthy and nic_health.get(name, True)
+        for _ in range(lk.count):
+            model.links.append((src, ("sw", name), lk.alpha / 2, lk.bandwidth, lk.kind, healthy))
+            model.links.append((("sw", name), src, lk.alpha / 2, lk.bandwidth, lk.kind, healthy))
+    for r, nic in enumerate(nf.nics):
+        if nic.name not in model.switches:
+            model.switches.append(nic.name)
+        if nic.name not in linked_nics and nic.nearest_gpu in known:
+            bw = nic.bandwidth or 25e9
+            g: Ref = ("gpu", nic.nearest_gpu)
+            model.links.append((g, ("sw", nic.name), 0.0, bw, "pcie", nic.healthy))
+            model.links.append((("sw", nic.name), g, 0.0, bw, "pcie", nic.healthy))
+        rail = nic.rail if nic.rail is not None else r
+        model.rails[rail] = (("sw", nic.name), nic.bandwidth if nic.healthy else None)
+        model.nic_names[nic.name] = rail
+    return model
+
+
+def _default_rails(model: LocalModel, rails: int, bandwidth: float) -> None:
+    """NICs for a node whose agent did not report any: per GPU, or shared by neighbours."""
+    gpus = model.gpus
+    if not gpus or model.rails:
+        return
+    if rails >= len(gpus):
+        for r, g in enumerate(gpus):
+            model.rails[r] = (("gpu", g), None)
+            model.nic_names[f"nic{r}"] = r
+        return
+    for r in range(rails):
+        name = f"nic{r}"
+        model.switches.append(name)
+        model.rails[r] = (("sw", name), None)
+        model.nic_names[name] = r
+    for i, g in enumerate(gpus):
+        nic: Ref = ("sw", f"nic{i * rails // len(gpus)}")
+        model.links.append((("gpu", g), nic, 0.0, bandwidth, "pcie", True))
+        model.links.append((nic, ("gpu", g), 0.0, bandwidth, "pcie", True))
+
+
+# ---- assembly ----------------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.kinds: list[NodeKind] = []
+        self.links: list[Link] = []
+        self.ids: dict[str, int] = {}
+
+    def node(self, name: str, kind: NodeKind) -> int:
+        self.ids[name] = len(self.names)
+        self.names.append(name)
+        self.kinds.append(kind)
+        return self.ids[name]
+
+    def duplex(self, a: int, b: int, alpha: float, bw: float, kind: str) -> None:
+        self.links.append(Link(a, b, alpha, bw, kind))
+        self.links.append(Link(b, a, alpha, bw, kind))
+
+
+def _ref_name(node: str, ref: Ref) -> str:
+    return f"{node}/gpu{ref[1]}" if ref[0] == "gpu" else f"{node}/{ref[1]}"
+
+
+def _coords(position: int, dims: Sequence[int]) -> tuple[int, ...]:
+    out = []
+    for d in reversed(dims):
+        out.append(position % d)
+        position //= d
+    return tuple(reversed(out))
+
+
+def build_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec],
+                 failures: Iterable[DeviceFailureSpec] = (),
+                 down_nodes: Iterable[str] = ()) -> Fabric:
+    """The live fabric: every unresolved failure and every down node applied."""
+    notes: list[str] = []
+    seen_positions: dict[int, str] = {}
+    for name, pos in spec.nodes:
+        if pos in seen_positions:
+            notes.append(f"nodes {seen_positions[pos]} and {name} share position {pos}")
+        seen_positions.setdefault(pos, name)
+    preset = preset_model(spec)
+    models: dict[str, LocalModel] = {}
+    for name, _ in spec.nodes:
+        nf = node_fabrics.get(name)
+        model = agent_model(nf) if nf is not None and nf.gpus else _copy(preset)
+        if spec.inter_type in ("rail", "switch"):
+            rails = spec.rails or (len(model.gpus) if spec.inter_type == "switch" else 1)
+            _default_rails(model, rails, spec.inter_bandwidth)
+        models[name] = model
+
+    b = _Builder()
+    gpu_ids: dict[tuple[str, int], int] = {}
+    node_gpus: dict[str, tuple[int, ...]] = {}
+    for name, _ in spec.nodes:
+        ids = []
+        for g in models[name].gpus:
+            gpu_ids[(name, g)] = b.node(f"{name}/gpu{g}", NodeKind.NPU)
+            ids.append(gpu_ids[(name, g)])
+        node_gpus[name] = tuple(ids)
+    for name, _ in spec.nodes:
+        for sw in models[name].switches:
+            b.node(f"{name}/{sw}", NodeKind.SWITCH)
+    for name, _ in spec.nodes:
+        for src, dst, alpha, bw, kind, healthy in models[name].links:
+            b.links.append(Link(b.ids[_ref_name(name, src)], b.ids[_ref_name(name, dst)], alpha,
+                                bw, kind, healthy))
+    _inter_node(spec, models, b, notes)
+
+    failed: set[int] = set()
+    for name, _ in spec.nodes:
+        failed.update(gpu_ids[(name, g)] for g in models[name].failed_gpus if (name, g) in gpu_ids)
+    down = set(down_nodes)
+    for name in down:
+        failed.update(node_gpus.get(name, ()))
+    topo = Topology(name=spec.name, kinds=tuple(b.kinds), links=tuple(b.links),
+                    failed=frozenset(), names=tuple(b.names))
+    problems: dict[str, str] = {}
+    bad_links: set[int] = set()
+    for f in failures:
+        if f.resolved:
+            continue
+        found = _apply_failure(f, topo, b.ids, models, failed, bad_links)
+        if found:
+            problems[f.name] = found
+    links = tuple(Link(lk.src, lk.dst, lk.alpha, lk.bandwidth, lk.kind, False)
+                  if i in bad_links else lk for i, lk in enumerate(topo.links))
+    final = Topology(name=spec.name, kinds=topo.kinds, links=links, failed=frozenset(failed),
+                     names=topo.names)
+    try:
+        final.validate("fabric")
+    except InputError as err:
+        notes.append(str(err))
+    return Fabric(final, gpu_ids, node_gpus, problems, tuple(notes))
+
+
+def _copy(model: LocalModel) -> LocalModel:
+    return LocalModel(model.gpus, list(model.switches), list(model.links), set(model.failed_gpus),
+                      dict(model.rails), dict(model.nic_names))
+
+
+def _inter_node(spec: FabricSpec, models: Mapping[str, LocalModel], b: _Builder,
+                notes: list[str]) -> None:
+    names = [n for n, _ in spec.nodes]
+    if spec.inter_type == "none" or len(names) < 2:
+        return
+    alpha, bw = spec.inter_alpha, spec.inter_bandwidth
+    if spec.inter_type == "torus":
+        dims = spec.dims or (len(names),)
+        size = 1
+        for d in dims:
+            size *= d
+        at = {pos: name for name, pos in spec.nodes if pos < size}
+        for name, pos in spec.nodes:
+            if pos >= size:
+                notes.append(f"node {name}: position {pos} is outside the torus {dims}")
+                continue
+            coords = _coords(pos, dims)
+            for axis, d in enumerate(dims):
+                if d < 2 or (d == 2 and coords[axis] == 1):
+                    continue
+                nxt = list(coords)
+                nxt[axis] = (coords[axis] + 1) % d
+                npos = 0
+                for c, dd in zip(nxt, dims, strict=True):
+                    npos = npos * dd + c
+                other = at.get(npos)
+                if other is None:
+                    continue
+                for g in set(models[name].gpus) & set(models[other].gpus):
+                    b.duplex(b.ids[f"{name}/gpu{g}"], b.ids[f"{other}/gpu{g}"], alpha, bw,
+                             "optical")
+        return
+    switches: dict[int, int] = {}
+    for name in names:
+        for rail, (ref, port_bw) in sorted(models[name].rails.items()):
+            key = 0 if spec.inter_type == "switch" else rail
+            if key not in switches:
+                label = "fabric-switch" if spec.inter_type == "switch" else f"rail{rail}"
+                switches[key] = b.node(label, NodeKind.SWITCH)
+            b.duplex(b.ids[_ref_name(name, ref)], switches[key], alpha / 2, port_bw or bw, "ib")
+
+
+def _apply_failure(f: DeviceFailureSpec, topo: Topology, ids: Mapping[str, int],
+                   models: Mapping[str, LocalModel], failed: set[int],
+                   bad_links: set[int]) -> str | None:
+    """Mark what ``f`` names as failed; return why it names nothing, or None."""
+    model = models.get(f.node)
+    if model is None:
+        return f"node {f.node} is not in FabricTopology {topo.name}"
+    if f.type == "gpu":
+        gid = ids.get(f"{f.node}/gpu{f.gpu}")
+        if gid is None:
+            return f"node {f.node} has no GPU {f.gpu}"
+        failed.add(gid)
+        return None
+    if f.type == "nic" or (f.type == "link" and f.nic is not None):
+        rail = model.nic_names.get(str(f.nic))
+        if rail is None:
+            return f"node {f.node} has no NIC {f.nic}"
+        ref = model.rails[rail][0]
+        end = ids[_ref_name(f.node, ref)]
+        uplink = ids.get(f"rail{rail}", ids.get("fabric-switch"))
+        if ref[0] == "gpu":  # the NIC is the GPU's own port into the rail
+            if f.type == "link" and ref[1] != f.gpu:
+                return f"node {f.node}: NIC {f.nic} belongs to GPU {ref[1]}, not {f.gpu}"
+            bad_links.update(_between(topo, end, uplink) if uplink is not None else ())
+            return None
+        if f.type == "nic":
+            bad_links.update((*topo.out_links(end), *topo.in_links(end)))
+            return None
+        gid = ids.get(f"{f.node}/gpu{f.gpu}")
+        if gid is None:
+            return f"node {f.node} has no GPU {f.gpu}"
+        found = _between(topo, gid, end)
+        if not found:
+            return f"node {f.node}: GPU {f.gpu} has no link to NIC {f.nic}"
+        bad_links.update(found)
+        return None
+    a, p = ids.get(f"{f.node}/gpu{f.gpu}"), ids.get(f"{f.node}/gpu{f.peer_gpu}")
+    if a is None or p is None:
+        return f"node {f.node} has no GPU {f.gpu if a is None else f.peer_gpu}"
+    found = _between(topo, a, p)
+    if not found:
+        return f"node {f.node}: GPUs {f.gpu} and {f.peer_gpu} have no direct link"
+    bad_links.update(found)
+    return None
+
+
+def _between(topo: Topology, a: int, b: int) -> list[int]:
+    """Indices of the links a->b and b->a."""
+    return [i for i in (*topo.out_links(a), *topo.out_links(b))
+            if {topo.links[i].src, topo.links[i].dst} == {a, b}]
+
+
+def subfabric(topo: Topology, npus: Iterable[int],
+              name: str = "") -> tuple[Topology, dict[int, int]]:
+    """The part of ``topo`` a group's traffic can use, renumbered densely.
+
+    Keeps the given NPUs and the switches on switch-only paths between them (switches that
+    would hang off by a single neighbour are pruned), so a request for a 64-GPU tenant stays
+    small on a 8000-GPU fabric and its fingerprint changes only when something it can use
+    changes. Returns the topology and the map from fabric ids to its ids.
+    """
+    keep_npus = sorted(set(npus))
+    mine = set(keep_npus)
+    links = topo.links
+    switches: set[int] = set()
+    stack = [v for v in keep_npus]
+    seen = set(stack)
+    while stack:
+        v = stack.pop()
+        for i in topo.out_links(v):
+            w = links[i].dst
+            if w not in seen and not topo.is_npu(w):
+                seen.add(w)
+                switches.add(w)
+                stack.append(w)
+    neighbours: dict[int, set[int]] = {s: set() for s in switches}
+    for s in switches:
+        for i in (*topo.out_links(s), *topo.in_links(s)):
+            lk = links[i]
+            other = lk.dst if lk.src == s else lk.src
+            if other in mine or other in switches:
+                neighbours[s].add(other)
+    leaves = [s for s, n in neighbours.items() if len(n) < 2]
+    while leaves:
+        s = leaves.pop()
+        if s not in switches:
+            continue
+        switches.discard(s)
+        for other in neighbours.pop(s):
+            if other in neighbours:
+                neighbours[other].discard(s)
+                if len(neighbours[other]) < 2:
+                    leaves.append(other)
+    order = keep_npus + sorted(switches)
+    ids = {old: new for new, old in enumerate(order)}
+    sub_links = tuple(
+        Link(ids[lk.src], ids[lk.dst], lk.alpha, lk.bandwidth, lk.kind, lk.healthy)
+        for lk in links if lk.src in ids and lk.dst in ids)
+    sub = Topology(name=name or topo.name, kinds=tuple(topo.kinds[v] for v in order),
+                   links=sub_links,
+                   failed=frozenset(ids[v] for v in topo.failed if v in ids),
+                   names=tuple(topo.node_name(v) for v in order))
+    return sub, ids

@@ -1,0 +1,279 @@
+"""The kopf wiring: indexes over every input, change detection, the webhook, start and stop.
+
+Indexes keep compact values (``model``) of FabricTopologies, NodeFabrics, DeviceFailures,
+Nodes, CollectiveJobs and Pods. Event handlers only decide whether a change matters (its
+compact value differs from the last one seen) and poke the reconciler, which reads the
+indexes when a burst has settled. Nothing here patches the watched objects, so kopf needs no
+finalizers or annotations on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from choreo_operator import certs, metrics, model, webhook
+from choreo_operator.config import Config
+from choreo_operator.kube import Kube
+from choreo_operator.reconciler import Inputs, Reconciler, Settings
+from choreo_operator.synthclient import SynthesizerClient
+
+log = logging.getLogger("choreo.operator")
+registry = kopf.OperatorRegistry()
+G, V = model.GROUP, model.VERSION
+
+
+class LazyApi:
+    """The REST client, available once kopf has logged in."""
+
+    def __init__(self) -> None:
+        self.kube: Kube | None = None
+        self.ready = asyncio.Event()
+
+    async def _api(self) -> Kube:
+        await self.ready.wait()
+        assert self.kube is not None
+        return self.kube
+
+    async def get(self, path: str) -> Any:
+        return await (await self._api()).get(path)
+
+    async def create(self, path: str, body: dict[str, Any]) -> Any:
+        return await (await self._api()).create(path, body)
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+        return await (await self._api()).merge_patch(path, patch)
+
+    async def delete(self, path: str) -> Any:
+        return await (await self._api()).delete(path)
+
+
+class Runtime:
+    """Per-process state handed to handlers through kopf's memo."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.api = LazyApi()
+        self.indices: Any = None
+        self.seen: dict[tuple[str, str], int] = {}
+        self.synth = SynthesizerClient(
+            config.synthesizer,
+            Path(config.synthesizer_ca).read_bytes() if config.synthesizer_ca else None)
+        self.reconciler = Reconciler(self.read, self.api, self.synth, Settings(
+            quiet_seconds=config.quiet_seconds, max_delay_seconds=config.max_delay_seconds,
+            call_timeout_seconds=config.timeout_seconds, restarts=config.restarts,
+            max_buckets=config.max_buckets, split_bytes=config.split_bytes))
+        self.task: asyncio.Task[None] | None = None
+        self.webhook_task: asyncio.Task[None] | None = None
+        self.webhook_ca = b""
+
+    def _values(self, name: str) -> Iterator[Any]:
+        index = self.indices[name] if self.indices is not None else {}
+        for store in index.values():
+            yield from store
+
+    def read(self) -> Inputs:
+        return Inputs(
+            fabrics=list(self._values("fabric_idx")),
+            node_fabrics={nf.node: nf for nf in self._values("nodefabric_idx")},
+            failures=list(self._values("failure_idx")),
+            nodes={n.name: n for n in self._values("node_idx")},
+            jobs=list(self._values("job_idx")),
+            pods=list(self._values("pod_idx")),
+        )
+
+    def changed(self, kind: str, key: str, value: Any, deleted: bool) -> bool:
+        """Whether the compact value of an object differs from the last one seen."""
+        if deleted:
+            return self.seen.pop((kind, key), None) is not None
+        digest = hash(value)
+        if self.seen.get((kind, key)) == digest:
+            return False
+        self.seen[(kind, key)] = digest
+        return True
+
+
+def _rt(memo: Any) -> Runtime:
+    rt: Runtime = memo.runtime
+    return rt
+
+
+# ---- lifecycle -------------------------------------------------------------------------------
+
+
+@kopf.on.login(registry=registry)
+def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+    rt = _rt(memo)
+    if rt.config.kubeconfig or os.environ.get("KUBECONFIG"):
+        if rt.config.kubeconfig:
+            os.environ["KUBECONFIG"] = rt.config.kubeconfig
+        info = kopf.login_with_kubeconfig(**kwargs)
+    else:
+        info = kopf.login_with_service_account(**kwargs)
+    if info is not None and rt.api.kube is None:
+        rt.api.kube = Kube(info)
+        rt.api.ready.set()
+    return info
+
+
+@kopf.on.startup(registry=registry)
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+    rt = _rt(memo)
+    cfg = rt.config
+    rt.indices = kwargs.get("indices") or _indices(kwargs)
+    settings.peering.standalone = True
+    settings.scanning.disabled = True
+    settings.posting.enabled = False
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 30
+    if cfg.metrics_port >= 0:
+        port = metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+        log.info("metrics on http://%s:%d/metrics", cfg.metrics_addr, port)
+    if cfg.webhook_port > 0:
+        host = cfg.webhook_host or cfg.webhook_addr
+        cert_dir = Path(cfg.webhook_cert_dir)
+        if (cert_dir / "tls.crt").exists() and (cert_dir / "tls.key").exists():
+            serving = certs.ServingCert((cert_dir / "ca.crt").read_bytes()
+                                        if (cert_dir / "ca.crt").exists() else b"",
+                                        cert_dir / "tls.crt", cert_dir / "tls.key")
+        else:
+            serving = certs.make(cert_dir, [host, cfg.webhook_addr, "localhost"])
+        settings.admission.server = kopf.WebhookServer(
+            addr=cfg.webhook_addr, port=cfg.webhook_port, host=host,
+            certfile=str(serving.cert_path), pkeyfile=str(serving.key_path))
+        rt.webhook_ca = serving.ca_pem
+    rt.task = asyncio.create_task(rt.reconciler.run(), name="choreo-reconciler")
+    if cfg.webhook_port > 0 and cfg.webhook_config:
+        rt.webhook_task = asyncio.create_task(_register_webhook(rt), name="choreo-webhook")
+
+
+def _indices(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in kwargs.items() if k.endswith("_idx")}
+
+
+async def _register_webhook(rt: Runtime) -> None:
+    cfg = rt.config
+    host = cfg.webhook_host or cfg.webhook_addr
+    url = f"https://{host}:{cfg.webhook_port}/inject"
+    for attempt in range(30):
+        try:
+            await webhook.point_at(rt.api, cfg.webhook_config, url, rt.webhook_ca)
+            log.info("MutatingWebhookConfiguration %s points at %s", cfg.webhook_config, url)
+            return
+        except Exception as err:  # the API may not be reachable yet; never fatal
+            log.warning("configuring webhook %s (attempt %d): %s", cfg.webhook_config,
+                        attempt + 1, err)
+            await asyncio.sleep(min(2.0 ** attempt, 10.0))
+
+
+@kopf.on.cleanup(registry=registry)
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    rt = _rt(memo)
+    if rt.task is not None:
+        rt.task.cancel()
+    await rt.reconciler.stop()
+    await rt.synth.close()
+    if rt.api.kube is not None:
+        await rt.api.kube.close()
+
+
+# ---- indexes ---------------------------------------------------------------------------------
+
+
+@kopf.index(G, V, "fabrictopologies", registry=registry)
+def fabric_idx(body: kopf.Body, **_: Any) -> dict[str, model.FabricSpec]:
+    return {body["metadata"]["name"]: model.fabric_spec(body)}
+
+
+@kopf.index(G, V, "nodefabrics", registry=registry)
+def nodefabric_idx(body: kopf.Body, **_: Any) -> dict[str, model.NodeFabricSpec]:
+    nf = model.node_fabric_spec(body)
+    return {nf.node: nf}
+
+
+@kopf.index(G, V, "devicefailures", registry=registry)
+def failure_idx(body: kopf.Body, **_: Any) -> dict[str, model.DeviceFailureSpec]:
+    return {body["metadata"]["name"]: model.device_failure_spec(body)}
+
+
+@kopf.index("", "v1", "nodes", registry=registry)
+def node_idx(body: kopf.Body, **_: Any) -> dict[str, model.NodeInfo]:
+    return {body["metadata"]["name"]: model.node_info(body)}
+
+
+@kopf.index(G, V, "collectivejobs", registry=registry)
+def job_idx(body: kopf.Body, **_: Any) -> dict[str, model.JobSpec]:
+    job = model.job_spec(body)
+    return {job.key: job}
+
+
+@kopf.index("", "v1", "pods", registry=registry)
+def pod_idx(body: kopf.Body, **_: Any) -> dict[str, model.PodInfo]:
+    pod = model.pod_info(body)
+    return {f"{pod.namespace}/{pod.name}": pod}
+
+
+# ---- change detection ------------------------------------------------------------------------
+
+
+def _watch(kind: str, reason: str, key_of: Callable[[kopf.Body], str],
+           compact: Callable[[kopf.Body], Any], *resource: str) -> None:
+    @kopf.on.event(*resource, registry=registry, id=f"watch-{kind}")
+    def handler(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+        rt = _rt(memo)
+        value = compact(body)
+        if rt.changed(kind, key_of(body), value, deleted=type == "DELETED"):
+            rt.reconciler.poke(reason)
+
+
+def _name(body: kopf.Body) -> str:
+    return str(body["metadata"]["name"])
+
+
+def _ns_name(body: kopf.Body) -> str:
+    return f"{body['metadata'].get('namespace', '')}/{body['metadata']['name']}"
+
+
+def _job_trigger(body: kopf.Body) -> Any:
+    """A job matters again when its spec changes, not when we write its status."""
+    meta = body["metadata"]
+    return (meta.get("generation"), meta.get("uid"), bool(meta.get("deletionTimestamp")))
+
+
+def _pod_trigger(body: kopf.Body) -> Any:
+    pod = model.pod_info(body)
+    return (pod.labels, pod.node, pod.gpus, pod.gpu_annotation, pod.rank_values,
+            pod.config_maps, pod.active)
+
+
+_watch("fabric", "fabric", _name, model.fabric_spec, G, V, "fabrictopologies")
+_watch("nodefabric", "nodefabric", _name, model.node_fabric_spec, G, V, "nodefabrics")
+_watch("failure", "failure", _name, model.device_failure_spec, G, V, "devicefailures")
+_watch("node", "node", _name, model.node_info, "", "v1", "nodes")
+_watch("job", "job", _ns_name, _job_trigger, G, V, "collectivejobs")
+_watch("pod", "pods", _ns_name, _pod_trigger, "", "v1", "pods")
+
+
+# ---- admission -------------------------------------------------------------------------------
+
+
+@kopf.on.mutate("", "v1", "pods", operation="CREATE", ignore_failures=True, id="inject",
+                registry=registry)
+def inject(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
+    job_idx: kopf.Index[str, model.JobSpec] = kwargs["job_idx"]
+    jobs = [j for store in job_idx.values() for j in store]
+    pod = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {})}
+    change = webhook.mutation(pod, jobs)
+    if change is None:
+        return
+    patch.spec["volumes"] = change["volumes"]
+    patch.spec["containers"] = change["containers"]
+    for key, value in change["annotations"].items():
+        patch.metadata.annotations[key] = value

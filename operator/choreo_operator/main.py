@@ -1,0 +1,30 @@
+"""Start kopf with the operator's registry, in the foreground, until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import kopf
+
+from choreo_operator.config import Config
+
+
+def run(config: Config, log_level: str = "INFO") -> int:
+    from choreo_operator.handlers import Runtime, registry
+
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    memo = kopf.Memo(runtime=None)
+
+    async def main() -> None:
+        memo.runtime = Runtime(config)  # grpc.aio channels bind to the running loop
+        await kopf.operator(registry=registry, clusterwide=True, standalone=True, memo=memo,
+                            liveness_endpoint=config.liveness)
+
+    asyncio.run(main())
+    return 0

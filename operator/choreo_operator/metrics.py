@@ -1,0 +1,44 @@
+"""Prometheus metrics of the operator, on their own registry and port."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry()
+TENANT = ("namespace", "job", "collective")
+
+BUSBW = Gauge("choreo_tenant_predicted_busbw_bytes_per_second",
+              "Predicted bus bandwidth of the tenant's collective at its largest size bucket",
+              TENANT, registry=REGISTRY)
+BOUND = Gauge("choreo_tenant_bound_fraction",
+              "Lower-bound time over predicted time of the tenant's collective (1 = optimal)",
+              TENANT, registry=REGISTRY)
+RESYNTHESES = Counter("choreo_resynthesis_total",
+                      "Synthesis requests per tenant group by trigger and result",
+                      ("reason", "result"), registry=REGISTRY)
+LATENCY = Histogram("choreo_resynthesis_latency_seconds",
+                    "From the first event of a batch to the new ConfigMap written",
+                    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120), registry=REGISTRY)
+TENANTS = Gauge("choreo_tenants", "CollectiveJobs by phase", ("phase",), registry=REGISTRY)
+
+PHASES = ("Pending", "Synthesizing", "Ready", "Degraded", "Infeasible")
+
+
+def serve(port: int, addr: str = "127.0.0.1") -> int:
+    """Start the /metrics endpoint; returns the bound port (``0`` picks a free one)."""
+    server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
+    return int(server.server_port)
+
+
+def set_phases(counts: dict[str, int]) -> None:
+    for phase in PHASES:
+        TENANTS.labels(phase=phase).set(counts.get(phase, 0))
+
+
+def forget_tenant(namespace: str, job: str, collectives: list[str]) -> None:
+    for c in collectives:
+        for gauge in (BUSBW, BOUND):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, job, c)

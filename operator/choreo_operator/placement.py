@@ -1,0 +1,169 @@
+"""Which GPUs each CollectiveJob's pods hold, in rank order.
+
+GPU assignment per pod, in this order of precedence:
+1. the annotation ``choreo.dev/gpus: "0,1,2,3"`` (what a device plugin or the agent wrote);
+2. a pod requesting as many GPUs as its node has gets all of them;
+3. otherwise pods are packed onto the node's free GPUs in (namespace, job, rank) order.
+Pods requesting no GPU (an MPIJob launcher, say) hold no rank, unless the job sets gpusPerPod.
+Ranks: pods in order of their rank label (or annotation); a pod's GPUs take consecutive ranks
+in GPU-index order. Problems (unknown nodes or GPUs, missing ranks, double-booked GPUs) are
+returned as messages, never raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from choreo_operator.fabric import Fabric
+from choreo_operator.model import JobSpec, PodInfo
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    pod: str
+    node: str
+    gpu: int
+    npu: int  # fabric id
+
+
+@dataclass
+class Placement:
+    job: JobSpec
+    slots: list[RankSlot] = field(default_factory=list)
+    pod_ranks: dict[str, tuple[int, int]] = field(default_factory=dict)  # pod -> first, last
+    pod_index: dict[str, int] = field(default_factory=dict)  # pod -> its rank label value
+    problems: list[str] = field(default_factory=list)
+    pods: int = 0
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted({s.node for s in self.slots})
+
+    @property
+    def npus(self) -> tuple[int, ...]:
+        return tuple(s.npu for s in self.slots)
+
+
+def selected_pods(job: JobSpec, pods: Iterable[PodInfo]) -> list[PodInfo]:
+    return [p for p in pods if p.namespace == job.namespace and p.active
+            and job.selector.matches(p.label_map)]
+
+
+def _parse_gpus(text: str) -> list[int] | None:
+    try:
+        return sorted({int(x) for x in text.replace(" ", "").split(",") if x})
+    except ValueError:
+        return None
+
+
+def place(jobs: Iterable[JobSpec], pods: Iterable[PodInfo], fabric: Fabric | None,
+          ) -> dict[str, Placement]:
+    """Placement of every job (keyed ``namespace/name``)."""
+    pods = list(pods)
+    out: dict[str, Placement] = {}
+    wanted: list[tuple[JobSpec, PodInfo, int, int]] = []  # job, pod, rank, gpus
+    for job in jobs:
+        pl = Placement(job)
+        out[job.key] = pl
+        mine = selected_pods(job, pods)
+        pl.pods = len(mine)
+        ranked = []
+        for i, pod in enumerate(sorted(mine, key=lambda p: p.name)):
+            r = pod.rank(job.rank_label)
+            if r is None:
+                pl.problems.append(f"pod {pod.name} has no integer {job.rank_label}; "
+                                   "ordered by name")
+                r = 1_000_000 + i
+            ranked.append((r, pod))
+        for r, pod in sorted(ranked, key=lambda x: (x[0], x[1].name)):
+            if pod.node is None:
+                pl.problems.append(f"pod {pod.name} is not scheduled yet")
+                continue
+            gpus = job.gpus_per_pod or pod.gpus
+            if gpus < 1:
+                continue  # a launcher or sidecar pod: it holds no rank
+            wanted.append((job, pod, r, gpus))
+    if fabric is None:
+        for pl in out.values():
+            if pl.pods:
+                pl.problems.append("no FabricTopology exists")
+        return out
+    taken: dict[tuple[str, int], str] = {}
+    chosen: dict[str, list[int]] = {}
+    deferred = []
+    for job, pod, r, gpus in wanted:
+        node = str(pod.node)
+        pl = out[job.key]
+        if node not in fabric.node_gpus:
+            pl.problems.append(f"pod {pod.name} runs on node {node}, which is not in the "
+                               "FabricTopology")
+            continue
+        local = _local_gpus(fabric, node)
+        explicit = _parse_gpus(pod.gpu_annotation) if pod.gpu_annotation else None
+        if pod.gpu_annotation and explicit is None:
+            pl.problems.append(f"pod {pod.name}: annotation choreo.dev/gpus "
+                               f"{pod.gpu_annotation!r} is not a list of GPU indices")
+            continue
+        if explicit is None and gpus >= len(local):
+            explicit = local
+        if explicit is None:
+            deferred.append((job, pod, r, gpus))
+            continue
+        unknown = [g for g in explicit if g not in local]
+        if unknown:
+            pl.problems.append(f"pod {pod.name}: node {node} has no GPU "
+                               f"{', '.join(map(str, unknown))}")
+            continue
+        _claim(pl, pod, node, explicit, taken, chosen)
+    for job, pod, _r, gpus in sorted(deferred, key=lambda x: (x[0].key, x[2], x[1].name)):
+        node = str(pod.node)
+        free = [g for g in _local_gpus(fabric, node) if (node, g) not in taken]
+        pl = out[job.key]
+        if len(free) < gpus:
+            pl.problems.append(f"pod {pod.name}: node {node} has {len(free)} unassigned GPUs, "
+                               f"it needs {gpus}")
+            continue
+        _claim(pl, pod, node, free[:gpus], taken, chosen)
+    for job, pod, r, _g in wanted:
+        pl = out[job.key]
+        pl.pod_index[pod.name] = r
+        gs = chosen.get(f"{pod.namespace}/{pod.name}")
+        if gs is None:
+            continue
+        first = len(pl.slots)
+        for g in gs:
+            npu = fabric.gpu(str(pod.node), g)
+            assert npu is not None
+            pl.slots.append(RankSlot(pod.name, str(pod.node), g, npu))
+        pl.pod_ranks[pod.name] = (first, len(pl.slots) - 1)
+    return out
+
+
+def _local_gpus(fabric: Fabric, node: str) -> list[int]:
+    names = fabric.topology.names
+    return [int(names[v].rsplit("/gpu", 1)[1]) for v in fabric.node_gpus.get(node, ())]
+
+
+def _claim(pl: Placement, pod: PodInfo, node: str, gpus: list[int],
+           taken: dict[tuple[str, int], str], chosen: dict[str, list[int]]) -> None:
+    clash = [g for g in gpus if (node, g) in taken]
+    if clash:
+        pl.problems.append(f"pod {pod.name}: GPU {clash[0]} of node {node} is also claimed by "
+                           f"{taken[(node, clash[0])]}")
+        return
+    for g in gpus:
+        taken[(node, g)] = f"{pod.namespace}/{pod.name}"
+    chosen[f"{pod.namespace}/{pod.name}"] = gpus
+
+
+def healthy_slots(pl: Placement, fabric: Fabric) -> list[RankSlot]:
+    """The slots whose GPU is alive: the ranks a resynthesis schedules."""
+    return [s for s in pl.slots if s.npu not in fabric.topology.failed]
+
+
+def by_node(slots: Iterable[RankSlot]) -> Mapping[str, list[RankSlot]]:
+    out: dict[str, list[RankSlot]] = {}
+    for s in slots:
+        out.setdefault(s.node, []).append(s)
+    return out

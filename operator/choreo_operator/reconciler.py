@@ -1,0 +1,630 @@
+"""The operator's core loop: settle a burst of events, decide which tenant groups need a new
+schedule, ask the synthesizer, and publish the results.
+
+Everything is derived from the current inputs (the kopf indexes), never from the events
+themselves: a round rebuilds the fabric (cached while its inputs are unchanged), places every
+tenant, groups them, and hashes each group's inputs (its sub-fabric, members, ranks,
+collectives, options). A group is synthesized only if that hash differs from the one its
+members' status records, so replays after a restart, duplicate events and our own status
+updates cost nothing. A result is published only if the group's hash is still current when it
+arrives; anything else is stale and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from choreo.errors import ChoreoError
+from choreo.transforms import restrict
+from choreo_operator import metrics, results, status
+from choreo_operator.debounce import Debouncer
+from choreo_operator.fabric import Fabric, build_fabric, subfabric
+from choreo_operator.grouping import Group, Member, groups
+from choreo_operator.kube import ApiError
+from choreo_operator.model import (
+    GROUP,
+    VERSION,
+    DeviceFailureSpec,
+    FabricSpec,
+    JobSpec,
+    NodeFabricSpec,
+    NodeInfo,
+    PodInfo,
+)
+from choreo_operator.placement import Placement, healthy_slots, place
+from choreo_operator.synthclient import (
+    Outcome,
+    RequestOptions,
+    SynthesisError,
+    TenantRequest,
+    bucket_xml,
+    build_request,
+)
+
+log = logging.getLogger("choreo.operator")
+
+REASON_ORDER = ("failure", "node", "nodefabric", "fabric", "job", "pods", "startup", "retry")
+
+
+@dataclass
+class Inputs:
+    """Everything a round reads, as compact values."""
+
+    fabrics: list[FabricSpec]
+    node_fabrics: dict[str, NodeFabricSpec]
+    failures: list[DeviceFailureSpec]
+    nodes: dict[str, NodeInfo]
+    jobs: list[JobSpec]
+    pods: list[PodInfo]
+
+
+class Api(Protocol):
+    async def get(self, path: str) -> Any: ...
+    async def create(self, path: str, body: dict[str, Any]) -> Any: ...
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any: ...
+    async def delete(self, path: str) -> Any: ...
+
+
+class Synthesizer(Protocol):
+    async def synthesize(self, request: Any, timeout: float) -> Any: ...
+
+
+@dataclass
+class Settings:
+    quiet_seconds: float = 0.2
+    max_delay_seconds: float = 2.0
+    call_timeout_seconds: float = 60.0
+    backoff_initial_seconds: float = 0.5
+    backoff_max_seconds: float = 15.0
+    restarts: int = 2
+    max_buckets: int = 4
+    split_bytes: int = results.SPLIT_BYTES
+
+
+@dataclass
+class Flight:
+    inputs_hash: str
+    task: asyncio.Task[None]
+
+
+@dataclass
+class GroupPlan:
+    group: Group
+    members: list[JobSpec]
+    placements: dict[str, Placement]
+    tenants: list[TenantRequest]
+    request_fabric: Any
+    inputs_hash: str
+    fingerprint: str
+    options: RequestOptions
+
+
+@dataclass
+class JobState:
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    status_doc: dict[str, Any] = field(default_factory=dict)
+    inputs_hash: str | None = None
+    config_map: str | None = None
+    keep: set[str] = field(default_factory=set)  # ConfigMaps of the current schedule
+    mounted: frozenset[str] | None = None
+
+
+def job_path(namespace: str, name: str, sub: str = "") -> str:
+    return (f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/collectivejobs/{name}"
+            + (f"/{sub}" if sub else ""))
+
+
+def _digest(doc: Any) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class Reconciler:
+    def __init__(self, read: Callable[[], Inputs], api: Api, synth: Synthesizer,
+                 settings: Settings | None = None) -> None:
+        self.read = read
+        self.api = api
+        self.synth = synth
+        self.settings = settings or Settings()
+        self.debouncer = Debouncer(self.settings.quiet_seconds, self.settings.max_delay_seconds)
+        self.flights: dict[str, Flight] = {}
+        self.current: dict[str, str] = {}  # group scope -> inputs hash of the latest round
+        self.jobs: dict[str, JobState] = {}
+        self.failure_status: dict[str, Any] = {}
+        self.fabric_status: dict[str, Any] = {}
+        self.rounds = 0
+        self._fabric_key: Any = None
+        self._fabric: Fabric | None = None
+        self._retry_reasons: dict[str, str] = {}
+        self._stopping = False
+
+    # ---- driving -----------------------------------------------------------------------------
+    def poke(self, reason: str) -> None:
+        self.debouncer.poke(reason)
+
+    async def run(self) -> None:
+        """Rounds forever; errors in one round are logged, never fatal."""
+        while not self._stopping:
+            reasons, since = await self.debouncer.wait()
+            try:
+                await self.round(reasons, since)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconciliation round failed; retrying")
+                await asyncio.sleep(1.0)
+                self.poke("retry")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for flight in self.flights.values():
+            flight.task.cancel()
+        for flight in list(self.flights.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await flight.task
+
+    # ---- one round ---------------------------------------------------------------------------
+    def fabric(self, inputs: Inputs) -> tuple[Fabric | None, list[str]]:
+        if not inputs.fabrics:
+            return None, []
+        fabrics = sorted(inputs.fabrics, key=lambda f: f.name)
+        spec = fabrics[0]
+        notes = [f"FabricTopology {f.name} is ignored: only {spec.name} is used"
+                 for f in fabrics[1:]]
+        names = {n for n, _ in spec.nodes}
+        down = sorted(n for n in names if n not in inputs.nodes or not inputs.nodes[n].ready)
+        failures = sorted((f for f in inputs.failures if not f.resolved), key=lambda f: f.name)
+        nfs = tuple(sorted((k, v) for k, v in inputs.node_fabrics.items() if k in names))
+        key = (spec, nfs, tuple(failures), tuple(down))
+        if key != self._fabric_key:
+            self._fabric = build_fabric(spec, dict(nfs), failures, down)
+            self._fabric_key = key
+        return self._fabric, notes
+
+    async def round(self, reasons: set[str], since: float) -> None:
+        self.rounds += 1
+        reason = next((r for r in REASON_ORDER if r in reasons), "startup")
+        inputs = self.read()
+        fabric, notes = self.fabric(inputs)
+        jobs = [j for j in inputs.jobs if not j.deleting]
+        placements = place(jobs, inputs.pods, fabric)
+        live = {j.key for j in jobs}
+        for key in list(self.jobs):
+            if key not in live:
+                self.jobs.pop(key)
+        plans: list[GroupPlan] = []
+        blocked: dict[str, tuple[str, str, str]] = {}  # job -> condition, reason, message
+        if fabric is not None:
+            await self._fabric_status(inputs, fabric, notes)
+            plans = self._plan(jobs, placements, fabric, blocked)
+        for job in jobs:
+            if job.key in blocked:
+                await self._blocked(job, placements[job.key], *blocked[job.key])
+        scopes = {p.group.scope for p in plans}
+        for scope in list(self.flights):
+            if scope not in scopes:
+                self.flights.pop(scope).task.cancel()
+                self.current.pop(scope, None)
+        for plan in plans:
+            self._launch(plan, reason, since)
+        if fabric is not None:
+            await self._failure_status(inputs, fabric, placements)
+        await self._collect(jobs, inputs.pods)
+        self._phase_metrics(jobs)
+
+    def _plan(self, jobs: list[JobSpec], placements: Mapping[str, Placement], fabric: Fabric,
+              blocked: dict[str, tuple[str, str, str]]) -> list[GroupPlan]:
+        topo = fabric.topology
+        members: list[Member] = []
+        ready: dict[str, JobSpec] = {}
+        for job in jobs:
+            pl = placements[job.key]
+            hard = [p for p in pl.problems if "not scheduled" not in p and "ordered by" not in p]
+            if pl.pods == 0:
+                blocked[job.key] = ("Pending", "NoPods", "no running pod matches the selector")
+                continue
+            if hard:
+                blocked[job.key] = ("Pending", _problem_reason(hard[0]), "; ".join(hard[:5]))
+                continue
+            slots = healthy_slots(pl, fabric)
+            if len(slots) < 2:
+                blocked[job.key] = ("Pending", "TooFewRanks",
+                                    f"{len(slots)} healthy GPU(s) placed; a collective needs 2")
+                continue
+            tenant_npus = tuple(s.npu for s in slots)
+            why = _disconnected(topo, tenant_npus)
+            if why:
+                blocked[job.key] = ("Infeasible", "TenantDisconnected", why)
+                continue
+            ready[job.key] = job
+            members.append(Member(job.key, tenant_npus, job.isolation == "Joint",
+                                  (job.dialect, job.instances, job.protocol)))
+        plans = []
+        for group in groups(topo, members):
+            group_jobs = [ready[k] for k in group.members]
+            npus = [s.npu for j in group_jobs for s in healthy_slots(placements[j.key], fabric)]
+            sub, ids = subfabric(topo, npus, name=f"{topo.name}-{group.scope}")
+            tenants = [TenantRequest(j.key, tuple(ids[s.npu] for s in
+                                                  healthy_slots(placements[j.key], fabric)),
+                                     j.collectives, j.weight) for j in group_jobs]
+            first = group_jobs[0]
+            options = RequestOptions(first.dialect, first.instances, first.protocol,
+                                     self.settings.restarts, self.settings.max_buckets,
+                                     self.settings.call_timeout_seconds)
+            fingerprint = sub.fingerprint()
+            ranks = {j.key: [(s.pod, s.node, s.gpu) for s in
+                             healthy_slots(placements[j.key], fabric)] for j in group_jobs}
+            inputs_hash = _digest({"fabric": fingerprint, "tenants": [t.__dict__ for t in tenants],
+                                   "options": options.__dict__, "ranks": ranks})
+            plans.append(GroupPlan(group, group_jobs, {k: placements[k] for k in group.members},
+                                   tenants, sub, inputs_hash, fingerprint, options))
+        return plans
+
+    def _up_to_date(self, plan: GroupPlan) -> bool:
+        for job in plan.members:
+            state = self.jobs.get(job.key)
+            done = state.inputs_hash if state and state.inputs_hash else job.inputs_hash
+            if done != plan.inputs_hash:
+                return False
+        return True
+
+    def _launch(self, plan: GroupPlan, reason: str, since: float) -> None:
+        scope = plan.group.scope
+        self.current[scope] = plan.inputs_hash
+        flight = self.flights.get(scope)
+        if flight is not None and flight.inputs_hash == plan.inputs_hash:
+            return
+        if self._up_to_date(plan):
+            if flight is not None:
+                flight.task.cancel()
+                self.flights.pop(scope)
+            return
+        if flight is not None:
+            flight.task.cancel()
+        task = asyncio.create_task(self._synthesize(plan, reason, since),
+                                   name=f"synthesize-{scope}")
+        self.flights[scope] = Flight(plan.inputs_hash, task)
+
+    # ---- one group ---------------------------------------------------------------------------
+    async def _synthesize(self, plan: GroupPlan, reason: str, since: float) -> None:
+        scope = plan.group.scope
+        request = build_request(plan.request_fabric, plan.tenants, plan.options,
+                                f"choreo-operator/{scope}:{plan.inputs_hash[:16]}")
+        started = time.monotonic()
+        marking = asyncio.create_task(self._update_jobs(plan.members, {"Synthesizing": (
+            True, "Resynthesizing", f"{reason}: synthesizing {len(plan.members)} tenant(s)")}))
+        try:
+            await self._call(plan, request, reason, since, started, marking)
+        finally:
+            if not marking.done():
+                marking.cancel()
+
+    async def _call(self, plan: GroupPlan, request: Any, reason: str, since: float,
+                    started: float, marking: asyncio.Task[None]) -> None:
+        scope = plan.group.scope
+        delay = self.settings.backoff_initial_seconds
+        while True:
+            try:
+                response = await self.synth.synthesize(
+                    request, timeout=self.settings.call_timeout_seconds)
+                break
+            except SynthesisError as err:
+                if self.current.get(scope) != plan.inputs_hash:
+                    metrics.RESYNTHESES.labels(reason=reason, result="stale").inc()
+                    return
+                if err.outcome is Outcome.RETRY:
+                    metrics.RESYNTHESES.labels(reason=reason, result="error").inc()
+                    why = ("SynthesizerUnavailable" if err.code == "UNAVAILABLE"
+                           else "SynthesizerSlow" if err.code == "DEADLINE_EXCEEDED"
+                           else "SynthesizerError")
+                    await self._update_jobs(plan.members, {
+                        "Degraded": (True, why, f"{err}; keeping the last good schedule, "
+                                     f"retrying in {delay:.1f} s"),
+                        "Synthesizing": (True, "Retrying", str(err))}, event=("Warning", why))
+                    await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))
+                    delay = min(delay * 2, self.settings.backoff_max_seconds)
+                    continue
+                result = "infeasible" if err.outcome is Outcome.INFEASIBLE else "rejected"
+                metrics.RESYNTHESES.labels(reason=reason, result=result).inc()
+                for job in plan.members:
+                    self._state(job).inputs_hash = plan.inputs_hash
+                await self._update_jobs(plan.members, {
+                    "Infeasible": (True, "Infeasible" if result == "infeasible" else "Rejected",
+                                   str(err)),
+                    "Synthesizing": (False, "Done", "the synthesizer refused the request")},
+                    event=("Warning", "Infeasible"), extra={"lastSynthesis": {
+                        "time": status.now(), "reason": reason,
+                        "inputsHash": plan.inputs_hash}})
+                self.flights.pop(scope, None)
+                return
+        if self.current.get(scope) != plan.inputs_hash:
+            metrics.RESYNTHESES.labels(reason=reason, result="stale").inc()
+            return
+        with contextlib.suppress(Exception):
+            await marking
+        by_name = {t.name: t for t in response.tenants}
+        for job in plan.members:
+            await self._publish(job, plan, by_name[job.key], response, reason,
+                                time.monotonic() - started)
+        metrics.RESYNTHESES.labels(reason=reason, result="ok").inc()
+        metrics.LATENCY.observe(max(0.0, time.time() - since))
+        self.flights.pop(scope, None)
+
+    async def _publish(self, job: JobSpec, plan: GroupPlan, result: Any, response: Any,
+                       reason: str, seconds: float) -> None:
+        pl = plan.placements[job.key]
+        fabric = self._fabric
+        assert fabric is not None
+        slots = healthy_slots(pl, fabric)
+        schedule = results.Schedule(files={}, ranks=[
+            {"rank": r, "pod": s.pod, "node": s.node, "gpu": s.gpu} for r, s in enumerate(slots)])
+        pod_ranks: dict[str, tuple[int, int]] = {}
+        for r, s in enumerate(slots):
+            lo, _ = pod_ranks.get(s.pod, (r, r))
+            pod_ranks[s.pod] = (lo, r)
+        for spec, coll in zip(job.collectives, result.collectives, strict=True):
+            best = None
+            for b, bucket in enumerate(coll.buckets):
+                schedule.files[results.xml_key(spec.name, b)] = bucket_xml(bucket)
+                if not bucket.verification.ok:
+                    schedule.verified = False
+                    schedule.errors.extend(bucket.verification.errors)
+                if best is None or bucket.max_bytes >= best.max_bytes:
+                    best = bucket
+            if best is not None:
+                p = best.prediction
+                schedule.collectives.append(results.CollectiveResult(
+                    spec.name, int(best.representative_bytes), p.time_seconds,
+                    p.busbw_bytes_per_second, p.lower_bound_seconds, p.fraction_of_bound))
+        if not schedule.verified:
+            await self._update_jobs([job], {
+                "Degraded": (True, "VerificationFailed", "; ".join(schedule.errors[:3])),
+                "Synthesizing": (False, "Done", "the new schedule failed verification")},
+                event=("Warning", "VerificationFailed"))
+            return
+        name, parts, bodies = results.config_maps(job, schedule, pod_ranks, pl.pod_index,
+                                                  plan.inputs_hash, plan.fingerprint,
+                                                  self.settings.split_bytes)
+        for body in bodies:
+            try:
+                await self.api.create(f"/api/v1/namespaces/{job.namespace}/configmaps", body)
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+        state = self._state(job)
+        state.inputs_hash = plan.inputs_hash
+        state.config_map = name
+        first = schedule.collectives[0] if schedule.collectives else None
+        summary = (f"{first.busbw / 1e9:.1f} GB/s ({first.fraction_of_bound:.0%} of bound)"
+                   if first else "")
+        extra = {
+            "ranks": len(slots), "nodes": pl.nodes, "configMap": name,
+            "configMapParts": [{"name": p.name, "firstRank": p.first, "lastRank": p.last,
+                                "podRank": p.pod_rank} for p in parts],
+            "files": sorted(schedule.files),
+            "contentHash": schedule.content_hash(), "summary": summary,
+            "collectives": [c.status() for c in schedule.collectives],
+            "lastSynthesis": {"time": status.now(), "reason": reason,
+                              "durationSeconds": round(seconds, 3),
+                              "engine": response.engine or "greedy",
+                              "fabricFingerprint": plan.fingerprint,
+                              "inputsHash": plan.inputs_hash},
+        }
+        failed = len(pl.slots) - len(slots)
+        updates: dict[str, status.Update] = {
+            "Ready": (True, "Synthesized", f"schedule {name} for {len(slots)} ranks"),
+            "Synthesizing": (False, "Done", f"synthesized in {seconds:.2f} s"),
+            "Infeasible": (False, "Feasible", "every rank is connected"),
+            "Degraded": ((True, "DevicesFailed", f"{failed} of {len(pl.slots)} placed GPUs "
+                          "have failed; the schedule uses the others") if failed else
+                         (False, "Healthy", "the synthesizer answered")),
+        }
+        await self._update_jobs([job], updates, extra=extra,
+                                event=("Normal", "Synthesized"),
+                                event_message=f"schedule {name} ({summary}) after {reason}")
+        for c in schedule.collectives:
+            metrics.BUSBW.labels(job.namespace, job.name, c.name).set(c.busbw)
+            metrics.BOUND.labels(job.namespace, job.name, c.name).set(c.fraction_of_bound)
+        state.keep = {name} if not parts else {p.name for p in parts}
+        await self._gc(job)
+
+    # ---- status ------------------------------------------------------------------------------
+    def _state(self, job: JobSpec) -> JobState:
+        state = self.jobs.get(job.key)
+        if state is None:
+            keep = {p[0] for p in job.parts} or ({job.config_map} if job.config_map else set())
+            state = JobState(conditions=job.condition_list(), config_map=job.config_map,
+                             keep=keep)
+            self.jobs[job.key] = state
+        return state
+
+    async def _update_jobs(self, jobs: Iterable[JobSpec], updates: Mapping[str, status.Update],
+                           extra: Mapping[str, Any] | None = None,
+                           event: tuple[str, str] | None = None,
+                           event_message: str | None = None) -> None:
+        for job in jobs:
+            state = self._state(job)
+            conditions = status.merge(state.conditions, updates, job.generation)
+            doc = {"phase": status.phase(conditions), "observedGeneration": job.generation,
+                   **(extra or {})}
+            if status.same(conditions, state.conditions) and all(
+                    state.status_doc.get(k) == v for k, v in doc.items()):
+                continue
+            state.conditions = conditions
+            state.status_doc.update(doc)
+            try:
+                await self.api.merge_patch(job_path(job.namespace, job.name, "status"),
+                                           {"status": {**doc, "conditions": conditions}})
+            except ApiError as err:
+                if err.status != 404:
+                    log.warning("status of %s: %s", job.key, err)
+                continue
+            if event is not None:
+                kind, why = event
+                text = event_message or next(iter(updates.values()))[2]
+                await self._event(job, kind, why, text)
+
+    async def _blocked(self, job: JobSpec, pl: Placement, condition: str, reason: str,
+                       message: str) -> None:
+        updates: dict[str, status.Update] = {"Synthesizing": (False, reason, message)}
+        if condition == "Infeasible":
+            updates["Infeasible"] = (True, reason, message)
+        else:
+            updates["Ready"] = (False, reason, message)
+            updates["Infeasible"] = (False, reason, message)
+        await self._update_jobs([job], updates, extra={"nodes": pl.nodes},
+                                event=("Warning", reason))
+
+    async def _event(self, job: JobSpec, kind: str, reason: str, message: str) -> None:
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{job.name}.", "namespace": job.namespace},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CollectiveJob",
+                               "name": job.name, "namespace": job.namespace, "uid": job.uid},
+            "reason": status.reason_text(reason), "message": message[:1000], "type": kind,
+            "source": {"component": "choreo-operator"},
+            "firstTimestamp": status.now(), "lastTimestamp": status.now(), "count": 1,
+        }
+        try:
+            await self.api.create(f"/api/v1/namespaces/{job.namespace}/events", body)
+        except ApiError as err:
+            log.debug("event for %s: %s", job.key, err)
+
+    async def _fabric_status(self, inputs: Inputs, fabric: Fabric, notes: list[str]) -> None:
+        spec = sorted(inputs.fabrics, key=lambda f: f.name)[0]
+        problems = list(fabric.notes) + notes
+        topo = fabric.topology
+        doc = {"observedGeneration": spec.generation, "nodes": len(fabric.node_gpus),
+               "gpus": len(topo.all_npus),
+               "fingerprint": _digest(self._fabric_key)[:16]}
+        previous = self.fabric_status.get(spec.name)
+        if previous is not None and previous[:2] == (doc, problems):
+            return
+        conditions = status.merge(previous[2] if previous else [], {"Ready": (
+            not problems, "Invalid" if problems else "Built",
+            "; ".join(problems) or f"{len(topo.npus)} live GPUs")}, spec.generation)
+        try:
+            await self.api.merge_patch(
+                f"/apis/{GROUP}/{VERSION}/fabrictopologies/{spec.name}/status",
+                {"status": {**doc, "conditions": conditions}})
+            self.fabric_status[spec.name] = (doc, problems, conditions)
+        except ApiError as err:
+            log.warning("FabricTopology %s status: %s", spec.name, err)
+
+    async def _failure_status(self, inputs: Inputs, fabric: Fabric,
+                              placements: Mapping[str, Placement]) -> None:
+        for f in inputs.failures:
+            affected = [] if f.resolved else sorted(
+                k for k, pl in placements.items() if any(_touches(f, s.node, s.gpu)
+                                                         for s in pl.slots))
+            problem = fabric.problems.get(f.name)
+            key = (tuple(affected), problem, f.resolved)
+            if self.failure_status.get(f.name) == key:
+                continue
+            applied = (False, "UnknownDevice", problem) if problem else (
+                (False, "Resolved", "the device is back in the fabric") if f.resolved else
+                (True, "Applied", f"excluded from the fabric; {len(affected)} tenant(s) affected"))
+            conditions = status.merge([], {"Applied": applied}, 0)
+            try:
+                await self.api.merge_patch(
+                    f"/apis/{GROUP}/{VERSION}/devicefailures/{f.name}/status",
+                    {"status": {"affected": affected, "affectedCount": len(affected),
+                                "conditions": conditions}})
+                self.failure_status[f.name] = key
+            except ApiError as err:
+                if err.status != 404:
+                    log.warning("DeviceFailure %s status: %s", f.name, err)
+        names = {f.name for f in inputs.failures}
+        for name in list(self.failure_status):
+            if name not in names:
+                del self.failure_status[name]
+
+    def _phase_metrics(self, jobs: list[JobSpec]) -> None:
+        counts: dict[str, int] = {}
+        for job in jobs:
+            state = self.jobs.get(job.key)
+            conditions = state.conditions if state else job.condition_list()
+            phase = status.phase(conditions)
+            counts[phase] = counts.get(phase, 0) + 1
+        metrics.set_phases(counts)
+
+    # ---- garbage collection ------------------------------------------------------------------
+    async def _collect(self, jobs: list[JobSpec], pods: list[PodInfo]) -> None:
+        """Delete a job's old ConfigMaps once no pod mounts them (only if mounts changed)."""
+        mounted: dict[str, set[str]] = {}
+        for pod in pods:
+            if pod.active:
+                mounted.setdefault(pod.namespace, set()).update(pod.config_maps)
+        for job in jobs:
+            state = self._state(job)
+            if not state.keep:
+                continue
+            mine = frozenset(m for m in mounted.get(job.namespace, ())
+                             if m.startswith(f"{job.name[:230]}-"))
+            if state.mounted != mine:
+                await self._gc(job, mine)
+
+    async def _gc(self, job: JobSpec, mounted: frozenset[str] | None = None) -> None:
+        if mounted is None:
+            mounted = frozenset(m for p in self.read().pods
+                                if p.active and p.namespace == job.namespace
+                                for m in p.config_maps)
+        state = self._state(job)
+        state.mounted = mounted
+        selector = f"{results.LABEL_JOB}={job.name[:63]}"
+        try:
+            listing = await self.api.get(
+                f"/api/v1/namespaces/{job.namespace}/configmaps?labelSelector={selector}")
+        except ApiError as err:
+            log.warning("listing ConfigMaps of %s: %s", job.key, err)
+            return
+        for cm in listing.get("items", []):
+            meta = cm["metadata"]
+            owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
+            name = meta["name"]
+            if job.uid not in owners or name in state.keep or name in mounted:
+                continue
+            try:
+                await self.api.delete(f"/api/v1/namespaces/{job.namespace}/configmaps/{name}")
+            except ApiError as err:
+                if err.status != 404:
+                    log.warning("deleting ConfigMap %s: %s", name, err)
+
+
+def _touches(f: DeviceFailureSpec, node: str, gpu: int) -> bool:
+    if f.node != node:
+        return False
+    if f.type == "gpu":
+        return f.gpu == gpu
+    if f.type == "link" and f.nic is None:
+        return gpu in (f.gpu, f.peer_gpu)
+    return True
+
+
+def _disconnected(topo: Any, npus: tuple[int, ...]) -> str | None:
+    """Why the tenant cannot run on its own GPUs, or None."""
+    try:
+        restrict(topo, npus, relay=False).check_connected(list(npus), "tenant")
+    except ChoreoError as err:
+        return str(err)
+    return None
+
+
+def _problem_reason(problem: str) -> str:
+    if "not in the FabricTopology" in problem:
+        return "UnknownNode"
+    if "has no GPU" in problem:
+        return "UnknownGPU"
+    if "no FabricTopology" in problem:
+        return "NoFabric"
+    if "also claimed" in problem:
+        return "GPUConflict"
+    return "PlacementProblem"

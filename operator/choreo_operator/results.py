@@ -1,0 +1,150 @@
+"""Schedules as immutable, content-hashed ConfigMaps, and the pod-side view of them.
+
+One ConfigMap per schedule, named ``<job>-<hash>``, so the same schedule always lands in
+the same object (a restart or retry can only find it already there, never duplicate it) and
+a pod keeps the exact files it started with. XML keys are ``<collective>-<bucket>.xml``;
+pods mount them with ``items[].path: msccl/<key>`` so ``MSCCL_ALGO_DIR=<mount>/msccl``
+holds nothing but XML. When the files exceed what one ConfigMap holds (1 MiB), there is one
+ConfigMap per pod instead (``<job>-<hash>-r<first rank>``) whose files keep only that pod's
+``<gpu>`` elements: a rank only reads its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from choreo_operator.model import GROUP, JobSpec
+
+SPLIT_BYTES = 900 * 1024  # below the 1 MiB object limit, leaving room for metadata
+RANKS_KEY = "ranks.json"
+LABEL_JOB = "choreo.dev/collectivejob"
+LABEL_HASH = "choreo.dev/content-hash"
+ANN_INPUTS = "choreo.dev/inputs-hash"
+ANN_FABRIC = "choreo.dev/fabric-fingerprint"
+MOUNT_PATH = "/etc/choreo"
+MSCCL_DIR = "msccl"
+
+
+@dataclass(frozen=True)
+class CollectiveResult:
+    name: str
+    size_bytes: int
+    time_seconds: float
+    busbw: float
+    lower_bound_seconds: float
+    fraction_of_bound: float
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "sizeBytes": self.size_bytes,
+                "predictedTimeSeconds": self.time_seconds,
+                "predictedBusBandwidthBytesPerSecond": self.busbw,
+                "lowerBoundSeconds": self.lower_bound_seconds,
+                "fractionOfBound": self.fraction_of_bound}
+
+
+@dataclass
+class Schedule:
+    """One tenant's result: its files and predictions."""
+
+    files: dict[str, str]
+    ranks: list[dict[str, Any]]
+    collectives: list[CollectiveResult] = field(default_factory=list)
+    verified: bool = True
+    errors: list[str] = field(default_factory=list)
+
+    def data(self) -> dict[str, str]:
+        return {**self.files, RANKS_KEY: json.dumps(self.ranks, separators=(",", ":"))}
+
+    def content_hash(self) -> str:
+        h = hashlib.sha256()
+        for key, value in sorted(self.data().items()):
+            h.update(key.encode() + b"\0" + value.encode() + b"\0")
+        return h.hexdigest()
+
+
+def xml_key(collective: str, bucket: int) -> str:
+    return f"{collective}-{bucket}.xml"
+
+
+def base_name(job: str, content_hash: str) -> str:
+    return f"{job[:230]}-{content_hash[:10]}"
+
+
+def split_for_ranks(xml: str, first: int, last: int) -> str:
+    """The same algorithm keeping only the ``<gpu>`` elements of ranks first..last."""
+    root = ET.fromstring(xml)
+    for gpu in list(root.findall("gpu")):
+        if not first <= int(gpu.get("id", "-1")) <= last:
+            root.remove(gpu)
+    return ET.tostring(root, encoding="unicode")
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    first: int
+    last: int
+    pod_rank: int  # the pod's rank label value, which the webhook sees at admission
+
+
+def config_maps(job: JobSpec, schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]],
+                pod_index: Mapping[str, int], inputs_hash: str, fingerprint: str,
+                split_bytes: int = SPLIT_BYTES,
+                ) -> tuple[str, list[Part], list[dict[str, Any]]]:
+    """The ConfigMap bodies for a schedule: (base name, parts, bodies)."""
+    digest = schedule.content_hash()
+    name = base_name(job.name, digest)
+    data = schedule.data()
+    size = sum(len(k) + len(v) for k, v in data.items())
+    if size <= split_bytes or not pod_ranks:
+        return name, [], [_body(job, name, data, digest, inputs_hash, fingerprint)]
+    parts, bodies = [], []
+    for pod, (first, last) in sorted(pod_ranks.items(), key=lambda x: x[1]):
+        part = f"{name}-r{first}"
+        files = {k: split_for_ranks(v, first, last) for k, v in schedule.files.items()}
+        files[RANKS_KEY] = data[RANKS_KEY]
+        parts.append(Part(part, first, last, pod_index.get(pod, first)))
+        bodies.append(_body(job, part, files, digest, inputs_hash, fingerprint))
+    return name, parts, bodies
+
+
+def _body(job: JobSpec, name: str, data: dict[str, str], digest: str, inputs_hash: str,
+          fingerprint: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": {LABEL_JOB: job.name[:63], LABEL_HASH: digest[:63],
+                       "app.kubernetes.io/managed-by": "choreo-operator"},
+            "annotations": {ANN_INPUTS: inputs_hash, ANN_FABRIC: fingerprint},
+            "ownerReferences": [{
+                "apiVersion": f"{GROUP}/v1alpha1", "kind": "CollectiveJob", "name": job.name,
+                "uid": job.uid, "controller": True, "blockOwnerDeletion": False,
+            }],
+        },
+        "data": data,
+        "immutable": True,
+    }
+
+
+def volume_items(files: Sequence[str]) -> list[dict[str, str]]:
+    """``items`` mapping every XML under ``msccl/`` and the rank table at the root."""
+    items = [{"key": k, "path": f"{MSCCL_DIR}/{k}"} for k in sorted(files) if k.endswith(".xml")]
+    items.append({"key": RANKS_KEY, "path": RANKS_KEY})
+    return items
+
+
+def pod_env(files: Sequence[str]) -> dict[str, str]:
+    xml = [f"{MOUNT_PATH}/{MSCCL_DIR}/{k}" for k in sorted(files) if k.endswith(".xml")]
+    return {
+        "MSCCL_ALGO_DIR": f"{MOUNT_PATH}/{MSCCL_DIR}",
+        "MSCCL_XML_FILES": ":".join(xml),
+        "NCCL_ALGO": "MSCCL,RING,TREE",
+    }

@@ -1,0 +1,149 @@
+"""Starting the synthesizer and the operator as subprocesses against a local cluster.
+
+Shared by the e2e tests and the benchmark. Every process is started with its own log file
+and stopped by PID (SIGTERM, then SIGKILL), never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = ROOT / "crds"
+MANIFESTS = ROOT / "deploy" / "manifests"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}: {tail(log)}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"port {port} did not open within {timeout:.0f} s: {tail(log)}")
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 15.0, sig: int = signal.SIGTERM) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.popen.pid, sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+
+    def kill(self) -> None:
+        self.stop(timeout=5.0, sig=signal.SIGKILL)
+
+
+def spawn(name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> Proc:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        popen = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+                                 cwd=ROOT)
+    return Proc(name, popen, log)
+
+
+def start_synthesizer(log: Path, port: int | None = None, workers: int = 2) -> tuple[Proc, int]:
+    """``choreo serve`` on a free loopback port, ready for requests."""
+    port = port or free_port()
+    proc = spawn("synthesizer", [sys.executable, "-m", "choreo.service", "serve",
+                                 "--host", "127.0.0.1", "--port", str(port),
+                                 "--metrics-port", "-1", "--workers", str(workers),
+                                 "--warmup-topology", "", "--grace", "2"], log)
+    try:
+        wait_port(port, 60.0, proc, log)
+    except Exception:
+        proc.kill()
+        raise
+    return proc, port
+
+
+@dataclass
+class OperatorPorts:
+    metrics: int
+    webhook: int
+
+
+def start_operator(log: Path, kubeconfig: Path, synthesizer: str, cert_dir: Path,
+                   webhook: bool = True, extra: Sequence[str] = (),
+                   ports: OperatorPorts | None = None) -> tuple[Proc, OperatorPorts]:
+    ports = ports or OperatorPorts(free_port(), free_port() if webhook else 0)
+    argv = [sys.executable, "-m", "choreo_operator", "--kubeconfig", str(kubeconfig),
+            "--synthesizer", synthesizer, "--metrics-port", str(ports.metrics),
+            "--webhook-port", str(ports.webhook), "--webhook-cert-dir", str(cert_dir), *extra]
+    proc = spawn("operator", argv, log)
+    try:
+        wait_port(ports.metrics, 60.0, proc, log)
+        if webhook:
+            wait_port(ports.webhook, 60.0, proc, log)
+    except Exception:
+        proc.kill()
+        raise
+    return proc, ports
+
+
+def crd_documents() -> list[Path]:
+    return sorted(CRDS.glob("*.yaml"))
+
+
+def webhook_manifest(name: str = "choreo-operator") -> dict[str, object]:
+    """The MutatingWebhookConfiguration from deploy/manifests with ``name``."""
+    doc = yaml.safe_load((MANIFESTS / "operator-webhook.yaml").read_text())
+    doc["metadata"]["name"] = name
+    return dict(doc)
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    """The value of one sample in Prometheus text format, or None."""
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return None

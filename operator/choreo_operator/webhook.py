@@ -1,0 +1,84 @@
+"""What the admission webhook adds to a pod, and pointing the API server at the webhook.
+
+A pod selected by a CollectiveJob that has a schedule gets the schedule's ConfigMap as a
+read-only volume at ``/etc/choreo`` (XML under ``msccl/``, the rank table at the root) and
+``MSCCL_ALGO_DIR``, ``MSCCL_XML_FILES`` and ``NCCL_ALGO`` in every container, unless the
+container sets them itself. Pods that already mount a choreo volume are left alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from choreo_operator import results
+from choreo_operator.model import JobSpec
+
+VOLUME = "choreo-schedule"
+ANN_SCHEDULE = "choreo.dev/schedule"
+ANN_JOB = "choreo.dev/collectivejob"
+
+
+def find_job(pod: Mapping[str, Any], jobs: Iterable[JobSpec]) -> JobSpec | None:
+    meta = pod.get("metadata") or {}
+    namespace = meta.get("namespace")
+    labels = meta.get("labels") or {}
+    matches = sorted((j for j in jobs if j.namespace == namespace and not j.deleting
+                      and j.selector.matches(labels)), key=lambda j: j.name)
+    return matches[0] if matches else None
+
+
+def schedule_for(pod: Mapping[str, Any], job: JobSpec) -> str | None:
+    """The ConfigMap this pod should mount: the job's, or its rank's part of a split one."""
+    if not job.parts:
+        return job.config_map
+    meta = pod.get("metadata") or {}
+    value = {**(meta.get("annotations") or {}), **(meta.get("labels") or {})}.get(job.rank_label)
+    try:
+        rank = int(value) if value is not None else None
+    except ValueError:
+        rank = None
+    if rank is None:
+        return None
+    return next((name for name, _first, _last, pod_rank in job.parts if pod_rank == rank), None)
+
+
+def mutation(pod: Mapping[str, Any], jobs: Iterable[JobSpec]) -> dict[str, Any] | None:
+    """The changed parts of the pod (``volumes``, ``containers``, annotations), or None."""
+    spec = pod.get("spec") or {}
+    volumes = list(spec.get("volumes") or [])
+    if any(v.get("name") == VOLUME for v in volumes):
+        return None
+    job = find_job(pod, jobs)
+    if job is None or not job.files:
+        return None
+    name = schedule_for(pod, job)
+    if name is None:
+        return None
+    volumes.append({"name": VOLUME, "configMap": {
+        "name": name, "items": results.volume_items(job.files), "defaultMode": 0o444}})
+    env = results.pod_env(job.files)
+    containers = []
+    for c in spec.get("containers") or []:
+        c = copy.deepcopy(c)
+        have = {e.get("name") for e in c.get("env") or []}
+        c["env"] = list(c.get("env") or []) + [{"name": k, "value": v} for k, v in env.items()
+                                               if k not in have]
+        mounts = list(c.get("volumeMounts") or [])
+        mounts.append({"name": VOLUME, "mountPath": results.MOUNT_PATH, "readOnly": True})
+        c["volumeMounts"] = mounts
+        containers.append(c)
+    return {"volumes": volumes, "containers": containers,
+            "annotations": {ANN_SCHEDULE: name, ANN_JOB: job.name}}
+
+
+async def point_at(api: Any, name: str, url: str, ca_pem: bytes) -> None:
+    """Set every webhook of MutatingWebhookConfiguration ``name`` to ``url`` with our CA."""
+    path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
+    config = await api.get(path)
+    hooks = config.get("webhooks") or []
+    for hook in hooks:
+        hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_pem).decode()}
+    await api.merge_patch(path, {"webhooks": hooks})
