@@ -28,6 +28,7 @@ from choreo.report import Evaluation, evaluate
 from choreo.schedule import Schedule
 from choreo.topology import Topology
 from choreo_agents import cli as agent_cli
+from choreo_operator import cli as operator_cli
 
 console = Console(highlight=False, soft_wrap=True)
 status_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -99,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
     msccl_cli.register(sub)
     agent_cli.register(sub)
+    operator_cli.register(sub)
     return p
 
 
