@@ -152,14 +152,17 @@ class NvmlBackend:
         )
 
     def _nvlinks(self, index: int, by_bus: dict[str, int]) -> list[tuple[int, Peer, int]]:
-        """(link id, peer, version) of each active NVLink of one GPU."""
+        """(link id, peer, version) of each NVLink of one GPU whose far end is known.
+
+        Inactive links count too (their remote is still reported), so a link that is already
+        down when the agent starts shows up as a failed link rather than not at all.
+        """
         nv = self.nvml
         handle = self._handles[index]
         out: list[tuple[int, Peer, int]] = []
         for link_id in range(nv.NVML_NVLINK_MAX_LINKS):
             try:
-                if nv.nvmlDeviceGetNvLinkState(handle, link_id) != nv.NVML_FEATURE_ENABLED:
-                    continue
+                nv.nvmlDeviceGetNvLinkState(handle, link_id)
                 remote = normalize_bus_id(
                     _text(nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link_id).busId)
                 )

@@ -150,6 +150,7 @@ class SimBackend:
         self.inventory = slice_inventory(topo, self.machine)
         self.noise = noise
         self.script = script or Script()
+        _check_script(self.script, self.inventory)
         self.sizes = np.asarray(sizes, dtype=float)
         self.repeats = repeats
         start = time.monotonic()
@@ -206,3 +207,17 @@ class SimBackend:
 
     def close(self) -> None:
         return None
+
+
+def _check_script(script: Script, inventory: Inventory) -> None:
+    """Every device a script names must exist on this node, or the test it drives is wrong."""
+    links = {link.device for link in inventory.links}
+    nics = {nic.name for nic in inventory.nics}
+    for i, ev in enumerate(script.events):
+        where = f"script event {i} ({ev.action} at {ev.at:g} s)"
+        if ev.gpu is not None and not 0 <= ev.gpu < len(inventory.gpus):
+            raise BackendError(f"{where}: gpu {ev.gpu} is not on this node")
+        if ev.link is not None and ev.link not in links:
+            raise BackendError(f"{where}: link {ev.link.label()[5:]} is not on this node")
+        if ev.nic is not None and ev.nic not in nics:
+            raise BackendError(f"{where}: NIC {ev.nic} is not on this node")
