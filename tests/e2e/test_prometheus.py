@@ -88,7 +88,8 @@ class Stack:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> HostProcess:
+def start(name: str, argv: list[str], log_dir: Path,
+          env: dict[str, str] | None = None) -> HostProcess:
     log = log_dir / f"{name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
