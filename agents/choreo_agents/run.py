@@ -94,11 +94,14 @@ def _run(args: argparse.Namespace) -> int:
     if api is not None:
         watcher = RequestWatcher(api, args.node, args.namespace, agent.probe_requested)
         watcher.start()
+    timer = threading.Timer(args.duration or 0.0, stop.set)
+    timer.daemon = True
     if args.duration is not None:
-        threading.Timer(args.duration, stop.set).start()
+        timer.start()
     try:
         agent.run(stop)
     finally:
+        timer.cancel()
         if watcher is not None:
             watcher.close()
         if server is not None:
