@@ -12,7 +12,6 @@ replaying it as soon as possible and checked by the independent verifier.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -214,4 +213,3 @@ def time_of(sched: Schedule) -> float:
 
 
 __all__ = ["MilpOptions", "synthesize_milp", "time_of"]
-_ = math
