@@ -74,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--no-relay", action="store_true", help="only a tenant's own NPUs may forward")
     s.add_argument("--restarts", type=int, default=4, help="randomized restarts (best kept)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--engine", choices=("greedy", "milp", "lp", "auto"), default="greedy",
+                   help="greedy (TACOS), milp/lp (TE-CCL, HiGHS) or auto (best verified)")
+    s.add_argument("--deadline", type=float, default=10.0, metavar="SECONDS",
+                   help="time budget of --engine milp, lp and auto")
     s.add_argument("--out", "-o", help="directory for schedule.json, summary.json and plots")
     s.add_argument("--plot", action="store_true", help="also write utilization.png, timeline.png")
     s.add_argument("--no-baselines", action="store_true", help="skip the baseline comparison")
@@ -141,14 +145,22 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
 
     if args.restarts < 1:
         raise InputError("--restarts: must be at least 1")
+    if not args.deadline > 0:
+        raise InputError(f"--deadline: must be positive, got {args.deadline}")
     fabric = load_fabric(args.topology, args.fail)
     demands, relay = build_demands(args, fabric)
     relay = relay and not args.msccl_out  # MSCCL can only use the communicator's own GPUs
     with progress() as step:
         step(f"synthesizing on {fabric.name}")
         started = time.perf_counter()
-        sched = synthesize(fabric, demands, SynthOptions(restarts=args.restarts, seed=args.seed,
-                                                         relay=relay))
+        if args.engine == "greedy":
+            sched = synthesize(fabric, demands, SynthOptions(restarts=args.restarts,
+                                                             seed=args.seed, relay=relay))
+        else:
+            from choreo.portfolio import PortfolioOptions, solve
+
+            sched = solve(fabric, demands, args.engine, args.deadline,
+                          PortfolioOptions(restarts=args.restarts, seed=args.seed, relay=relay))
         seconds = time.perf_counter() - started
         sched.meta["synthesis_seconds"] = seconds
         ev = evaluate(sched, baselines=not args.no_baselines, step=step)
