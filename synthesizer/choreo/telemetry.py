@@ -6,12 +6,16 @@ A training script wraps its collectives::
     from choreo.telemetry import Reporter
 
     reporter = Reporter(port=9500)              # serves /metrics; job and namespace from env
-    with reporter.measure("allreduce", grad):   # a tensor or a byte count
+    with reporter.measure("allreduce", grad, name="grads"):   # a tensor or a byte count
         torch.distributed.all_reduce(grad)
 
 and every rank exposes ``choreo_measured_busbw_bytes_per_second{namespace,job,collective,
-rank}``. Sizes and bandwidths follow nccl-tests (``size`` is the collective's buffer size;
-busbw = algbw x the collective's bus factor), the same definitions the synthesizer uses for
+rank}``, where ``collective`` is the collective's name in the CollectiveJob
+(``spec.collectives[].name``, by default the collective's kind), exactly the labels of the
+operator's ``choreo_tenant_predicted_busbw_bytes_per_second``.
+
+Sizes and bandwidths follow nccl-tests (``size`` is the collective's buffer size; busbw =
+algbw x the collective's bus factor), the same definitions the synthesizer uses for
 its predictions, so the two are directly comparable. torch is optional: without it (or
 without an initialised process group) the caller passes ``world_size`` and the timing is
 plain wall-clock.
@@ -138,13 +142,17 @@ class Reporter:
             self.port = int(server.server_address[1])
 
     def record(self, collective: str | Collective, size: Any, seconds: float,
-               world_size: int | None = None) -> Measurement:
-        """Account one collective that took ``seconds``; returns its bandwidths."""
+               world_size: int | None = None, name: str | None = None) -> Measurement:
+        """Account one collective that took ``seconds``; returns its bandwidths.
+
+        ``name`` is the collective's name in the CollectiveJob, so that the series joins the
+        prediction for it; without one the collective's kind stands in.
+        """
         kind = collective if isinstance(collective, Collective) else Collective.parse(collective)
         if not seconds > 0:
             raise InputError(f"seconds: must be positive, got {seconds}")
         m = Measurement(kind, size_of(size), self._world_size(world_size), seconds)
-        labels = (self.namespace, self.job, kind.value, str(self.rank))
+        labels = (self.namespace, self.job, name or kind.value, str(self.rank))
         self._busbw.labels(*labels).set(m.busbw)
         self._algbw.labels(*labels).set(m.algbw)
         self._count.labels(*labels).inc()
@@ -153,7 +161,7 @@ class Reporter:
 
     @contextmanager
     def measure(self, collective: str | Collective, size: Any,
-                world_size: int | None = None) -> Iterator[None]:
+                world_size: int | None = None, name: str | None = None) -> Iterator[None]:
         """Time the block (GPU work synchronised at both ends) and record it.
 
         Nothing is recorded when the block raises: a failed collective has no bandwidth.
@@ -162,7 +170,7 @@ class Reporter:
         start = time.perf_counter()
         yield
         _synchronize()
-        self.record(collective, size, time.perf_counter() - start, world_size)
+        self.record(collective, size, time.perf_counter() - start, world_size, name)
 
     def close(self) -> None:
         """Stop serving /metrics."""

@@ -37,13 +37,20 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts/choreo/dashboards/choreo.json"
-TENANT_NAMESPACE, TENANT_JOB = "team-a", "llm-pretrain"
+
+JOB, COLLECTIVE = "llm-pretrain", "grads"
+GROUP = "/apis/choreo.dev/v1alpha1"
 
 # Every family the dashboard reads, by the component that exports it.
 FAMILIES = {
     "synthesizer": ["choreo_synthesizer_requests_total",
                     "choreo_synthesizer_synthesis_duration_seconds_bucket",
                     "choreo_synthesizer_queue_depth", "choreo_synthesizer_cache_hits_total"],
+    "operator": ["choreo_tenant_predicted_busbw_bytes_per_second",
+                 "choreo_tenant_bound_fraction", "choreo_resynthesis_total",
+                 "choreo_resynthesis_latency_seconds_bucket", "choreo_tenants"],
+    "agent": ["choreo_link_alpha_seconds", "choreo_link_bandwidth_bytes_per_second",
+              "choreo_link_healthy", "choreo_probe_duration_seconds_bucket"],
     "telemetry": ["choreo_measured_busbw_bytes_per_second",
                   "choreo_measured_algbw_bytes_per_second"],
 }
@@ -120,17 +127,33 @@ def http_ok(url: str) -> bool:
         return bool(resp.status == 200)
 
 
-def prometheus_config(targets: dict[str, list[str]], nodes: dict[str, str]) -> dict[str, Any]:
-    """Static scrape jobs mirroring the chart's ServiceMonitor/PodMonitor settings."""
-    jobs = []
-    for job, addrs in targets.items():
-        if job == "choreo-agent":
-            static = [{"targets": [a], "labels": {"node": nodes[a]}} for a in addrs]
-        else:
-            static = [{"targets": addrs}]
-        jobs.append({"job_name": job, "honor_labels": True, "static_configs": static})
+def prometheus_config(targets: dict[str, list[str]]) -> dict[str, Any]:
+    """Static scrape jobs with the chart's monitor settings (tenant labels honoured)."""
+    jobs = [{"job_name": job, "honor_labels": True, "static_configs": [{"targets": addrs}]}
+            for job, addrs in targets.items()]
     return {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": jobs}
+
+
+def tenant(cluster: LocalCluster, ns: str, nodes: list[str]) -> None:
+    """A fabric over ``nodes`` and a CollectiveJob with one 4-GPU pod on each of them."""
+    cluster.apply({"apiVersion": "choreo.dev/v1alpha1", "kind": "FabricTopology",
+                   "metadata": {"name": ns},
+                   "spec": {"nodes": [{"name": n, "position": i} for i, n in enumerate(nodes)],
+                            "intraNode": {"preset": "dgx-h100"},
+                            "interNode": {"type": "rail", "rails": 1}}})
+    cluster.apply({"apiVersion": "choreo.dev/v1alpha1", "kind": "CollectiveJob",
+                   "metadata": {"name": JOB, "namespace": ns},
+                   "spec": {"selector": {"matchLabels": {"tenant": JOB}},
+                            "collectives": [{"name": COLLECTIVE, "collective": "allreduce",
+                                             "minBytes": 1 << 20, "maxBytes": 1 << 26}]}})
+    for rank, node in enumerate(nodes):
+        cluster.apply({"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": f"{JOB}-{rank}", "namespace": ns, "labels": {
+                           "tenant": JOB, "batch.kubernetes.io/job-completion-index": str(rank)}},
+                       "spec": {"nodeName": node, "containers": [{
+                           "name": "train", "image": "trainer:latest",
+                           "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}})
 
 
 def synthesize_some(address: str, step: int) -> None:
@@ -150,51 +173,87 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     if prometheus_bin is None:
         pytest.fail("the prometheus server is not installed (`make system-deps`)", pytrace=False)
     work = tmp_path_factory.mktemp("prometheus-stack")
+    for crd in sorted((ROOT / "crds").glob("*.yaml")):
+        cluster.apply(crd)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    nodes = cluster.add_nodes(2, gpus=8, prefix="prom")
+    ns = cluster.create_namespace("prom")
+    kubeconfig = str(cluster.info.kubeconfig)
     processes: list[HostProcess] = []
-    reporter = Reporter(port=0, addr="127.0.0.1", namespace=TENANT_NAMESPACE, job=TENANT_JOB,
-                        rank=0)
+    reporter = Reporter(port=0, addr="127.0.0.1", namespace=ns, job=JOB, rank=0)
+    # A link of the first node goes down for a while: a DeviceFailure, an unhealthy link,
+    # and a resynthesis around it, then recovery.
+    faults = work / "faults.yaml"
+    faults.write_text("events:\n  - {at: 8s, link-down: [1, sw-nvswitch]}\n"
+                      "  - {at: 16s, link-up: [1, sw-nvswitch]}\n")
     try:
-        grpc_port, synth_metrics = free_port(), free_port()
-        synth = start("synthesizer", [sys.executable, "-m", "choreo.service", "serve",
-                                      "--host", "127.0.0.1", "--port", str(grpc_port),
-                                      "--metrics-port", str(synth_metrics), "--workers", "1",
-                                      "--warmup-topology", ""], work)
-        processes.append(synth)
-        targets = {"choreo-synthesizer": [f"127.0.0.1:{synth_metrics}"],
+        grpc_port, ports = free_port(), {k: free_port() for k in
+                                         ("synthesizer", "operator", "agent-0", "agent-1")}
+        processes.append(start("synthesizer", [
+            sys.executable, "-m", "choreo.service", "serve", "--host", "127.0.0.1",
+            "--port", str(grpc_port), "--metrics-port", str(ports["synthesizer"]),
+            "--workers", "2", "--warmup-topology", ""], work))
+        processes.append(start("operator", [
+            sys.executable, "-m", "choreo_operator", "--kubeconfig", kubeconfig,
+            "--synthesizer", f"127.0.0.1:{grpc_port}", "--metrics-port", str(ports["operator"]),
+            "--metrics-addr", "127.0.0.1", "--webhook-port", str(free_port()),
+            "--webhook-cert-dir", str(work / "certs"), "--webhook-config", ""], work))
+        for i, node in enumerate(nodes):
+            processes.append(start(f"agent-{i}", [
+                sys.executable, "-m", "choreo_agents", "--backend", "sim", "--node", node,
+                "--fabric", "dgx-h100-2", "--fabric-node", str(i), "--namespace", ns,
+                "--kubeconfig", kubeconfig, "--stagger", "0", "--poll", "0.25",
+                "--recover-after", "1", "--metrics-port", str(ports[f"agent-{i}"]),
+                "--metrics-address", "127.0.0.1", "--duration", "300",
+                *(["--script", str(faults)] if i == 0 else [])], work))
+        targets = {"choreo-synthesizer": [f"127.0.0.1:{ports['synthesizer']}"],
+                   "choreo-operator": [f"127.0.0.1:{ports['operator']}"],
+                   "choreo-agent": [f"127.0.0.1:{ports['agent-0']}",
+                                    f"127.0.0.1:{ports['agent-1']}"],
                    "choreo-telemetry": [f"127.0.0.1:{reporter.port}"]}
-        nodes: dict[str, str] = {}
-        wait_until(lambda: http_ok(f"http://127.0.0.1:{synth_metrics}/metrics"),
-                   "the synthesizer's metrics endpoint", 60, [synth])
         prom_port = free_port()
         config = work / "prometheus.yml"
-        config.write_text(yaml.safe_dump(prometheus_config(targets, nodes)))
-        prom = start("prometheus", [prometheus_bin, f"--config.file={config}",
-                                    f"--storage.tsdb.path={work / 'tsdb'}",
-                                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                                    "--storage.tsdb.retention.time=1h", "--log.level=warn"],
-                     work)
-        processes.append(prom)
+        config.write_text(yaml.safe_dump(prometheus_config(targets)))
+        processes.append(start("prometheus", [
+            prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={work / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}", "--storage.tsdb.retention.time=1h",
+            "--log.level=warn"], work))
         url = f"http://127.0.0.1:{prom_port}"
-        wait_until(lambda: http_ok(f"{url}/-/ready"), "prometheus to be ready", 60, [prom])
+        wait_until(lambda: http_ok(f"{url}/-/ready"), "prometheus to be ready", 60, processes)
         api = promql.Prometheus(url)
         # Prometheus hands new targets to its scrapers in batches every 5 s: traffic before
         # the first scrape would only ever be seen as a starting value, never as a rate.
         wait_until(lambda: {t["health"] for t in api_targets(api)} == {"up"},
-                   "every scrape target to be up", 30, processes)
-        # Traffic over a few scrapes, so rates and quantiles have two points to work with.
-        for step in range(4):
+                   "every scrape target to be up", 60, processes)
+        tenant(cluster, ns, nodes)
+        job_path = f"{GROUP}/namespaces/{ns}/collectivejobs/{JOB}"
+        wait_until(lambda: cluster.client.get(job_path).get("status", {}).get("phase")
+                   == "Ready", "the CollectiveJob to be Ready", 90, processes)
+        # The training job measures its all-reduce a little below the prediction, and the
+        # synthesizer answers some direct requests, over a few scrapes.
+        factor = bus_factor(Collective.ALLREDUCE, 8)
+        for step in range(10):
+            # The prediction changes as agents publish measured fabrics: track the current one.
+            predicted = cluster.client.get(job_path)["status"]["collectives"][0][
+                "predictedBusBandwidthBytesPerSecond"]
             synthesize_some(f"127.0.0.1:{grpc_port}", step)
-            for collective, busbw in (("allreduce", 180e9), ("allgather", 150e9)):
-                seconds = (1 << 30) * bus_factor(Collective(collective), 16) / (
-                    busbw * (1 - 0.05 * step))
-                reporter.record(collective, 1 << 30, seconds, world_size=16)
-            time.sleep(1.5)
-        time.sleep(2)  # one more scrape after the last request
-        yield Stack(api, processes, reporter, {**targets}, work)
+            busbw = predicted * (0.9 - 0.02 * (step % 3))
+            reporter.record("allreduce", 1 << 26, (1 << 26) * factor / busbw, world_size=8,
+                            name=COLLECTIVE)
+            time.sleep(1.0)
+        wait_until(lambda: api.query('choreo_link_healthy == 0') or None,
+                   "an unhealthy link in Prometheus", 30, processes)
+        wait_until(lambda: api.query('sum(choreo_resynthesis_total) >= 2'),
+                   "a resynthesis after the link failure", 60, processes)
+        time.sleep(2)  # one more scrape
+        yield Stack(api, processes, reporter, targets, work, {"namespace": ns})
     finally:
         reporter.close()
         for p in reversed(processes):
             p.stop()
+        for path in (f"{GROUP}/fabrictopologies/{ns}",):
+            if cluster.client.exists(path):
+                cluster.client.delete(path)
         for p in processes:
             assert p.proc.poll() is not None, f"{p.name} (pid {p.proc.pid}) still runs"
 
@@ -239,8 +298,18 @@ def test_dashboard_renders_to_png(stack: Stack) -> None:
     by_title = {d.title: d for d in data}
     assert by_title["Synthesis duration"].points > 0
     assert by_title["Synthesizer requests by status"].points > 0
-    measured = by_title["Bus bandwidth per tenant and collective: predicted vs measured"]
-    assert any(name.startswith("measured team-a/llm-pretrain allreduce") and s.values
-               for name, s in measured.series)
+    ns = stack.extra["namespace"]
+    bandwidth = by_title["Bus bandwidth per tenant and collective: predicted vs measured"]
+    for kind in ("predicted", "measured"):
+        assert any(name == f"{kind} {ns}/{JOB} {COLLECTIVE}" and s.values
+                   for name, s in bandwidth.series), (kind, [n for n, _ in bandwidth.series])
+    ratio = by_title["Measured / predicted bus bandwidth"]
+    # Measured runs at 86-90% of the prediction once both have been scraped.
+    assert ratio.series and all(0.8 < s.values[-1] < 0.95 for _, s in ratio.series), [
+        s.values for _, s in ratio.series]
+    for title in ("Fraction of the lower bound", "Resynthesis events by reason",
+                  "Failure to new schedule latency", "Link latency α per node",
+                  "Link bandwidth 1/β per node", "Unhealthy links per node"):
+        assert by_title[title].points > 0, title
     if copy_to := os.environ.get("CHOREO_DASHBOARD_PNG"):
         shutil.copyfile(out, copy_to)

@@ -60,6 +60,13 @@ def test_measure_times_the_block(reporter: Reporter, monkeypatch: pytest.MonkeyP
         pytest.approx(8 * GB * 3 / 4))
 
 
+def test_name_labels_the_series_like_the_prediction(reporter: Reporter) -> None:
+    with reporter.measure("allreduce", 1 << 20, world_size=4, name="grads"):
+        pass
+    assert sample(reporter, "choreo_measured_collectives_total", "grads") == 1
+    assert sample(reporter, "choreo_measured_collectives_total", "allreduce") is None
+
+
 def test_failed_collective_records_nothing(reporter: Reporter) -> None:
     with pytest.raises(RuntimeError), reporter.measure("allreduce", 1024, world_size=2):
         raise RuntimeError("NCCL error")
