@@ -29,7 +29,7 @@ from choreo.topology import Topology
 from choreo.verify import verify
 
 ENGINES = ("greedy", "milp", "lp", "auto")
-SAFETY = 0.85  # share of the time left an exact solver may use (model build, checks)
+SAFETY = 0.7  # share of the time left an exact solver may use (model build, checks)
 MILP_BINARIES = 20_000  # above this a complete MILP rarely closes within seconds
 LP_VARIABLES = 400_000
 

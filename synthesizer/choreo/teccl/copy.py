@@ -39,7 +39,9 @@ class MilpOptions:
 
     ``round_epochs`` forces A*-style rounds of that many epochs; otherwise rounds are used
     only when a complete window would need more than ``max_binaries`` binaries.
-    ``pipelined_alpha`` plans under TE-CCL's cost model (see ``choreo.teccl.epochs``).
+    ``pipelined_alpha`` plans under TE-CCL's cost model (see ``choreo.teccl.epochs``);
+    ``polish=False`` keeps the first feasible plan at the best epoch count instead of
+    re-solving it for the fewest transfers (silly flows are pruned either way).
     """
 
     time_limit: float = 30.0
@@ -52,6 +54,7 @@ class MilpOptions:
     max_binaries: int = 40_000
     max_epochs: int = 256
     pipelined_alpha: bool = False
+    polish: bool = True
 
 
 @dataclass
@@ -123,7 +126,7 @@ def synthesize_milp(fabric: Topology, demands: Sequence[Demand],
         share = left / (len(jobs) - i)  # an even split of what is left
         try:
             sched = _solve_view(fabric, view, demands, scale, opts,
-                                Budget(time.monotonic() + share, opts.gap, opts.threads))
+                                Budget(time.monotonic() + 0.9 * share, opts.gap, opts.threads))
         except InfeasibleError as err:
             errors.append(f"{view.name} x{scale}: {err}")
             continue
@@ -161,7 +164,7 @@ def _solve_view(fabric: Topology, view: Topology, demands: tuple[Demand, ...], s
             plan = rounds(net, grid, phase.spread, opts.round_epochs or 2 * grid.max_delay,
                           budget)
         else:
-            plan = complete(net, grid, phase.spread, lower, budget, opts.max_epochs)
+            plan = complete(net, grid, phase.spread, lower, budget, opts.max_epochs, opts.polish)
         part = _to_schedule(fabric, view, demands, net, grid, phase, plan)
         if phase.reverse:
             span = part.makespan

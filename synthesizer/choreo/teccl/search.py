@@ -58,7 +58,7 @@ def window_size(net: Net, grid: Grid, spread: Spread, epochs: int, dist: np.ndar
 
 
 def complete(net: Net, grid: Grid, spread: Spread, lower: int, budget: Budget,
-             max_epochs: int) -> Plan:
+             max_epochs: int, polish: bool = True) -> Plan:
     """Fewest epochs with every destination served (see the module docstring)."""
     dist = hop_epochs(net, grid.delay.min(axis=0))
     window = Window.initial(spread, net, 1)
@@ -90,7 +90,7 @@ def complete(net: Net, grid: Grid, spread: Spread, lower: int, budget: Budget,
         else:
             best, hi = (mid, res), mid
     k, res = best
-    if budget.left() > 0:
+    if polish and budget.left() > 0:
         final = solve_window(net, grid, spread, window, k, dist, True,
                              time_limit=budget.left(), gap=budget.gap, threads=budget.threads)
         if final is not None:

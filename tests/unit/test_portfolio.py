@@ -1,0 +1,84 @@
+"""engine=auto: never worse than greedy alone, within its deadline, and says who won."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from choreo.collectives import Collective, Demand
+from choreo.errors import InputError
+from choreo.generators import build
+from choreo.portfolio import PortfolioOptions, solve
+from choreo.simulate import simulate
+from choreo.synth import SynthOptions, auto_chunks, synthesize
+from choreo.verify import verify
+
+
+def _demand(name: str, coll: Collective, size: int) -> tuple:
+    fabric = build(name)
+    npus = tuple(fabric.npus)
+    return fabric, Demand(coll, npus, size, auto_chunks(fabric, coll, size, len(npus)))
+
+
+@pytest.mark.parametrize(("name", "coll", "size"), [
+    ("dgx1", Collective.ALLGATHER, 1 << 20),
+    ("ring-6", Collective.ALLREDUCE, 64 << 20),
+    ("switch-8", Collective.ALLTOALL, 1 << 30),
+    ("ndv2-2", Collective.ALLTOALL, 1 << 30),
+    ("mesh-3x3", Collective.BROADCAST, 1 << 20),
+])
+def test_auto_is_never_worse_than_greedy_alone(name, coll, size):
+    fabric, d = _demand(name, coll, size)
+    greedy = synthesize(fabric, [d], SynthOptions())
+    sched = solve(fabric, [d], "auto", deadline_s=4.0)
+    assert verify(sched).ok
+    assert simulate(sched).makespan <= simulate(greedy).makespan * (1 + 1e-9)
+    info = sched.meta["portfolio"]
+    assert info["winner"] in ("greedy", "milp", "lp")
+    assert info["time"] == pytest.approx(simulate(sched).makespan)
+    assert info["gap_to_bound"] >= -1e-9
+    engines = {c["engine"] for c in info["candidates"]}
+    assert "greedy" in engines and len(engines) >= 2
+
+
+def test_auto_beats_greedy_on_alltoall_with_the_lp():
+    fabric, d = _demand("ndv2-2", Collective.ALLTOALL, 1 << 30)
+    sched = solve(fabric, [d], "auto", deadline_s=10.0)
+    greedy = simulate(synthesize(fabric, [d])).makespan
+    assert sched.meta["portfolio"]["winner"] == "lp"
+    assert simulate(sched).makespan < greedy * 0.99
+
+
+@pytest.mark.parametrize(("name", "coll", "deadline"), [
+    ("dgx1", Collective.ALLGATHER, 0.3),
+    ("torus-4x4", Collective.ALLGATHER, 1.0),
+    ("dgx-h100-2", Collective.ALLTOALL, 1.0),
+])
+def test_auto_respects_its_deadline(name, coll, deadline):
+    fabric = build(name)
+    d = Demand(coll, tuple(fabric.npus), 64 << 20, chunks=3)
+    started = time.perf_counter()
+    sched = solve(fabric, [d], "auto", deadline_s=deadline)
+    elapsed = time.perf_counter() - started
+    assert verify(sched).ok
+    assert elapsed <= deadline * 1.5 + 0.3  # the verifier/simulator of the last candidate
+
+
+@pytest.mark.parametrize("engine", ["greedy", "milp"])
+def test_single_engines_run_alone(engine):
+    fabric, d = _demand("ring-4", Collective.ALLGATHER, 4 << 20)
+    sched = solve(fabric, [d], engine, deadline_s=10.0,
+                  options=PortfolioOptions(restarts=1))
+    assert sched.engine == engine
+    assert [c["engine"] for c in sched.meta["portfolio"]["candidates"]] == [engine]
+
+
+def test_bad_engine_and_deadline_are_refused():
+    fabric, d = _demand("ring-4", Collective.ALLGATHER, 4 << 20)
+    with pytest.raises(InputError, match="engine"):
+        solve(fabric, [d], "quantum")
+    with pytest.raises(InputError, match="deadline"):
+        solve(fabric, [d], "auto", deadline_s=0)
+    with pytest.raises(InputError, match="MILP"):
+        solve(fabric, [d], "lp")
