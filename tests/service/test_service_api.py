@@ -6,6 +6,7 @@ import argparse
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -93,6 +94,35 @@ def test_idempotency_key_and_deadline_do_not_change_the_cache_key(served: Runnin
     assert again.cache_hit
     other = served.client.synthesize(quick_request("key-tenant", seed=14, key="b"), timeout=120)
     assert not other.cache_hit
+
+
+def test_known_result_id_is_answered_not_modified(served: Running) -> None:
+    full = served.client.synthesize(quick_request("etag", seed=18), timeout=120)
+    assert len(full.result_id) == 64
+    again = quick_request("etag", seed=18)
+    again.known_result_id = full.result_id
+    short = served.client.synthesize(again, timeout=30)
+    assert short.not_modified and short.result_id == full.result_id
+    assert len(short.tenants) == 0 and short.ByteSize() < 300
+    assert short.fabric_fingerprint == full.fabric_fingerprint
+    stale = quick_request("etag", seed=19)
+    stale.known_result_id = full.result_id
+    other = served.client.synthesize(stale, timeout=120)
+    assert not other.not_modified and other.result_id != full.result_id
+    assert other.tenants[0].collectives[0].buckets
+
+
+def test_result_ids_hold_across_servers_without_solving(
+        served: Running, server_factory: Callable[..., Running]) -> None:
+    full = served.client.synthesize(quick_request("portable", seed=20), timeout=120)
+    fresh = server_factory(workers=1, queue=1)
+    request = quick_request("portable", seed=20)
+    request.known_result_id = full.result_id
+    assert fresh.client.synthesize(request, timeout=30).not_modified
+    assert fresh.server.metrics.cache_misses._value.get() == 0
+    request.known_result_id = ""
+    again = fresh.client.synthesize(request, timeout=120)
+    assert again.result_id == full.result_id and not again.cache_hit
 
 
 def test_stream_reports_progress_then_the_result(served: Running) -> None:

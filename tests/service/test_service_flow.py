@@ -119,6 +119,20 @@ def test_newer_request_for_the_same_tenant_aborts_the_older(one_worker: Running)
     assert running.server.metrics.superseded._value.get() == 1
 
 
+def test_not_modified_reply_also_aborts_older_work(one_worker: Running) -> None:
+    running = one_worker
+    settled = running.client.synthesize(quick_request("team-b", seed=5), timeout=60)
+    older = running.client.future(slow_request("team-b", seed=6), timeout=120)
+    _wait_busy(running)
+    request = quick_request("team-b", seed=5)
+    request.known_result_id = settled.result_id
+    assert running.client.synthesize(request, timeout=10).not_modified
+    with pytest.raises(grpc.RpcError) as info:
+        older.result(timeout=10)
+    assert info.value.code() is grpc.StatusCode.ABORTED
+    _assert_worker_free(running, "team-c")
+
+
 def test_same_idempotency_key_supersedes_across_tenant_names(one_worker: Running) -> None:
     running = one_worker
     older = running.client.future(slow_request("x", key="job-7"), timeout=120)

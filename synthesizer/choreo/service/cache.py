@@ -18,7 +18,25 @@ V = TypeVar("V")
 
 
 def cache_key(fingerprint: str, spec: bytes) -> str:
-    return hashlib.sha256(fingerprint.encode() + b"\0" + spec).hexdigest()
+    """The result's content address; the code version is in it because results from another
+    release may differ (clients hold these ids across server restarts and replicas)."""
+    return hashlib.sha256(VERSION.encode() + b"\0" + fingerprint.encode() + b"\0"
+                          + spec).hexdigest()
+
+
+def _version() -> str:
+    import choreo
+
+    try:
+        import choreo_engine
+
+        engine = str(choreo_engine.__version__)
+    except ImportError:
+        engine = "none"
+    return f"choreo {choreo.__version__} engine {engine}"
+
+
+VERSION = _version()
 
 
 class ResultCache:

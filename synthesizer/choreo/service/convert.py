@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import grpc
 
@@ -67,6 +67,7 @@ class Work:
     fabric: Topology
     tenants: tuple[TenantSpec, ...]
     options: OptionsSpec
+    result_id: str = ""
 
 
 # ---- fabric ----------------------------------------------------------------------------------
@@ -230,9 +231,18 @@ def options_from_proto(o: pb.Options) -> tuple[OptionsSpec, float]:
 
 
 def spec_key(tenants: tuple[TenantSpec, ...], options: OptionsSpec) -> bytes:
-    """Canonical bytes of the normalized tenants and options (part of the cache key)."""
-    doc = {"tenants": [asdict(t) for t in tenants], "options": asdict(options)}
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    """Canonical bytes of the normalized tenants and options (part of the cache key).
+
+    Spelled out field by field rather than with ``dataclasses.asdict``, whose deep copies
+    would cost more than the rest of a cache hit.
+    """
+    doc = [
+        [[t.name, t.npus, t.weight,
+          [[c.collective.value, c.min_bytes, c.max_bytes, c.chunks, c.root]
+           for c in t.collectives]] for t in tenants],
+        [getattr(options, f.name) for f in fields(OptionsSpec)],
+    ]
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 # ---- tenants against the fabric --------------------------------------------------------------

@@ -31,8 +31,7 @@ class Flights:
         self._lock = threading.Lock()
 
     def join_or_start(self, scope: str, key: str, deadline: float | None,
-                      make: Callable[[], Job],
-                      submit: Callable[[Job], None]) -> Job:
+                      make: Callable[[], Job], submit: Callable[[Job], None]) -> Job:
         """The job to wait for: the running identical one, or a new one.
 
         A new job is submitted (``submit`` may refuse it, e.g. queue full) before the older
@@ -47,12 +46,24 @@ class Flights:
             job.attach(deadline)
             submit(job)
             self._by_scope[scope] = job
-        if current is not None and not current.finished:
+        self._abort(current, scope)
+        return job
+
+    def supersede(self, scope: str, key: str) -> None:
+        """Abort the scope's running job unless it is computing ``key``."""
+        with self._lock:
+            current = self._by_scope.get(scope)
+            if current is None or current.key == key:
+                return
+            del self._by_scope[scope]
+        self._abort(current, scope)
+
+    def _abort(self, job: Job | None, scope: str) -> None:
+        if job is not None and not job.finished:
             self.on_supersede()
-            current.cancel(RequestError(
+            job.cancel(RequestError(
                 grpc.StatusCode.ABORTED, "superseded by a newer request for the same tenants",
                 reason="SUPERSEDED", metadata={"scope": scope.split(":", 1)[0]}))
-        return job
 
     def forget(self, scope: str, job: Job) -> None:
         with self._lock:

@@ -31,6 +31,9 @@ class Metrics:
                                   "result cache", registry=r)
         self.cache_misses = Counter("choreo_synthesizer_cache_misses", "Requests that needed a "
                                     "solve (or joined one in flight)", registry=r)
+        self.not_modified = Counter("choreo_synthesizer_not_modified", "Requests answered "
+                                    "not_modified: the client already held the result",
+                                    registry=r)
         self.cache_bytes = Gauge("choreo_synthesizer_cache_bytes", "Bytes held by the result "
                                  "cache", registry=r)
         self.superseded = Counter("choreo_synthesizer_superseded", "Jobs aborted by a newer "

@@ -90,7 +90,8 @@ def _run(work: Work, say: Say) -> bytes:
                               fraction_of_bound=tr.fraction_of_bound, bound_kind=tr.bound_kind),
                 pb.Verification(ok=ev.verdict.ok, errors=errors, transfers=len(sched)),
             ))
-    response = pb.SynthesizeResponse(fabric_fingerprint=fabric.fingerprint(), engine=opts.engine)
+    response = pb.SynthesizeResponse(fabric_fingerprint=fabric.fingerprint(), engine=opts.engine,
+                                     result_id=work.result_id)
     for i, t in enumerate(tenants):
         out = response.tenants.add(name=t.name)
         for j, c in enumerate(t.collectives):
