@@ -96,6 +96,21 @@ def test_idempotency_key_and_deadline_do_not_change_the_cache_key(served: Runnin
     assert not other.cache_hit
 
 
+def test_portfolio_engine_within_the_deadline_hint(served: Running) -> None:
+    request = quick_request("auto-tenant", topology="ring-8", lo=1 << 20, hi=1 << 20,
+                            deadline=8.0)
+    request.options.engine = "auto"
+    t0 = time.perf_counter()
+    resp = served.client.synthesize(request, timeout=60)
+    assert time.perf_counter() - t0 < 8.0
+    [bucket] = resp.tenants[0].collectives[0].buckets
+    assert bucket.verification.ok and bucket.engine
+    assert resp.engine == "auto"
+    greedy = quick_request("auto-tenant", topology="ring-8", lo=1 << 20, hi=1 << 20,
+                           deadline=8.0)
+    assert served.client.synthesize(greedy, timeout=60).result_id != resp.result_id
+
+
 def test_known_result_id_is_answered_not_modified(served: Running) -> None:
     full = served.client.synthesize(quick_request("etag", seed=18), timeout=120)
     assert len(full.result_id) == 64

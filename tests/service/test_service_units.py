@@ -16,6 +16,7 @@ from choreo.service.buckets import plan_buckets
 from choreo.service.cache import Memo, ResultCache, cache_key
 from choreo.service.convert import (
     DIALECTS,
+    ENGINES,
     PROTOCOLS,
     fabric_from_proto,
     fabric_to_proto,
@@ -132,11 +133,13 @@ def test_request_error_packs_field_violations() -> None:
     assert decoded.code == 3
 
 
-def test_options_agree_with_the_msccl_lowering() -> None:
+def test_options_agree_with_the_lowering_and_the_portfolio() -> None:
+    from choreo import portfolio
     from choreo.msccl import layout
 
     assert DIALECTS == layout.DIALECTS
     assert PROTOCOLS == layout.PROTOCOLS
+    assert set(ENGINES) == set(portfolio.ENGINES)
 
 
 def test_generated_code_is_fresh_and_regenerates_when_missing(

@@ -20,7 +20,8 @@ from choreo.service.api import pb
 from choreo.service.status import RequestError, invalid
 from choreo.topology import LINK_KINDS, Link, NodeKind, Topology
 
-ENGINES = ("greedy",)
+ENGINES = ("greedy", "auto", "milp", "lp")  # as choreo.portfolio has them
+DEFAULT_ENGINE_SECONDS = 10.0  # budget of a request's exact/portfolio solves without a hint
 DIALECTS = ("executor", "legacy")  # as the MSCCL lowering has them (a test keeps them equal)
 PROTOCOLS = ("Simple", "LL", "LL128")
 DEFAULT_RESTARTS = 4
@@ -58,6 +59,9 @@ class OptionsSpec:
     proto: str
     max_buckets: int
     gzip: bool
+    # Time budget of the whole request's solves for the anytime engines (auto, milp, lp),
+    # whose results depend on it; 0 for greedy, whose results do not.
+    engine_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -225,8 +229,9 @@ def options_from_proto(o: pb.Options) -> tuple[OptionsSpec, float]:
         raise invalid("options.deadline_seconds", f"must be >= 0, got {o.deadline_seconds}")
     if o.xml_encoding not in (pb.Options.XML_PLAIN, pb.Options.XML_GZIP):
         raise invalid("options.xml_encoding", f"unknown encoding {o.xml_encoding}")
+    budget = 0.0 if engine == "greedy" else (o.deadline_seconds or DEFAULT_ENGINE_SECONDS)
     spec = OptionsSpec(engine, restarts, o.seed, dialect, instances, proto, buckets,
-                       o.xml_encoding == pb.Options.XML_GZIP)
+                       o.xml_encoding == pb.Options.XML_GZIP, budget)
     return spec, o.deadline_seconds
 
 

@@ -72,8 +72,7 @@ def _run(work: Work, say: Say) -> bytes:
             for i, bk in zip(members, picked, strict=True)
         ]
         say("synthesizing", f"collective {j} bucket {b}", done, total)
-        sched = synthesize(fabric, demands, SynthOptions(restarts=opts.restarts, seed=opts.seed,
-                                                         relay=False))
+        sched = _solve(work, demands, len(rounds))
         done += 1
         say("evaluating", f"collective {j} bucket {b}", done, total)
         ev = evaluate(sched, baselines=False)
@@ -112,6 +111,20 @@ def _run(work: Work, say: Say) -> bytes:
                     bucket.xml = xml
     response.synthesis_seconds = time.perf_counter() - started
     return response.SerializeToString()
+
+
+def _solve(work: Work, demands: list[Demand], rounds: int) -> Schedule:
+    """Greedy directly; the other engines through the portfolio, sharing the time budget
+    (a safety margin kept for evaluation and lowering) evenly among the rounds."""
+    opts = work.options
+    if opts.engine == "greedy":
+        return synthesize(work.fabric, demands, SynthOptions(restarts=opts.restarts,
+                                                             seed=opts.seed, relay=False))
+    from choreo.portfolio import PortfolioOptions, solve
+
+    budget = 0.6 * opts.engine_seconds / rounds
+    return solve(work.fabric, demands, opts.engine, budget,
+                 PortfolioOptions(restarts=opts.restarts, seed=opts.seed, relay=False))
 
 
 def _chunker(work: Work, t: TenantSpec, j: int) -> Callable[[int], int]:
