@@ -107,6 +107,41 @@ def test_chart_crds_are_the_top_level_crds(helm: Path) -> None:
         assert rendered[crd["metadata"]["name"]] == crd
 
 
+# The keys a structural schema node may have (apiextensions JSONSchemaProps).
+SCHEMA_KEYS = {
+    "type", "description", "properties", "items", "required", "enum", "default", "format",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+    "minItems", "maxItems", "pattern", "nullable", "additionalProperties", "anyOf", "allOf",
+    "oneOf", "not", "x-kubernetes-validations", "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys", "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-int-or-string", "x-kubernetes-embedded-resource", "x-kubernetes-map-type",
+    "minProperties", "maxProperties", "uniqueItems", "multipleOf", "title", "example",
+}
+
+
+def schema_nodes(node: dict[str, Any], where: str) -> Any:
+    yield where, node
+    for key, child in (node.get("properties") or {}).items():
+        yield from schema_nodes(child, f"{where}.{key}")
+    if isinstance(node.get("items"), dict):
+        yield from schema_nodes(node["items"], f"{where}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from schema_nodes(node["additionalProperties"], f"{where}{{}}")
+
+
+def test_chart_crds_are_well_formed_schemas() -> None:
+    """A YAML slip (an unquoted ', ' in a flow-style description) turns text into keys,
+    which the API server rejects on `kubectl apply` of an existing CRD."""
+    for path in sorted((CHART / "crds").iterdir()):
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            root = version["schema"]["openAPIV3Schema"]
+            for where, node in schema_nodes(root, path.name):
+                assert isinstance(node, dict), where
+                unknown = set(node) - SCHEMA_KEYS
+                assert not unknown, f"{where}: not schema keywords: {sorted(unknown)}"
+
+
 def test_operator_single_replica_recreate(helm: Path) -> None:
     op = by_kind(render(helm), "Deployment")["rel-choreo-operator"]
     assert op["spec"]["replicas"] == 1
