@@ -64,10 +64,7 @@ class HealthMonitor:
         for link in inventory.links:
             key = link.device
             if link.peer.nic is not None:
-                nic = link.peer.nic
-                if not raw.nic_up.get(nic, True):
-                    sample.mark(key, True, f"NIC {nic} port down")
-                continue
+                continue  # its only signal is the NIC's port: reported once, as the NIC
             up = raw.link_up.get(key, True)
             sample.mark(key, not up, "" if up else "link down")
             if key in raw.link_partial:

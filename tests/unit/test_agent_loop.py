@@ -104,7 +104,7 @@ def make_agent(
     api = api or FakeApi()
     doc = yaml.safe_load(script) if script else None
     backend = SimBackend(
-        build(fabric), "n0", noise=0.02, script=parse_script(doc), seed=1, clock=clock
+        build(fabric), 0, noise=0.02, script=parse_script(doc), seed=1, clock=clock
     )
     publisher = Publisher(api, "n0", NS, ("agent-x", NS))  # type: ignore[arg-type]
     options = {"stagger": 0.0, "recover_after": 1.0, "interval": 60.0, **settings}
@@ -330,3 +330,13 @@ def test_fabric_spec_reports_per_link_bandwidth_for_parallel_links() -> None:
     double = next(ln for ln in spec["links"] if ln["count"] == 2)
     assert double["bandwidthBytesPerSecond"] == pytest.approx(25e9, rel=0.05)
     assert double["fit"]["samples"] >= 40
+
+
+def test_a_nic_port_down_is_one_failure_and_its_link_unusable() -> None:
+    agent, api, clock = make_agent("events: [{at: 0, nic-down: mlx5_3}]", "dgx-h100-2")
+    step(agent, clock, ticks=3)
+    failures = sorted(p.rsplit("/", 1)[1] for p in api.objects if "/devicefailures/" in p)
+    assert failures == ["n0-nic-mlx5-3"]
+    spec = api.objects[FABRIC]["spec"]
+    assert [n["healthy"] for n in spec["nics"]].count(False) == 1
+    assert [ln["healthy"] for ln in spec["links"] if ln.get("dstNIC") == "mlx5_3"] == [False]
