@@ -106,6 +106,8 @@ class GroupPlan:
     inputs_hash: str
     fingerprint: str
     options: RequestOptions
+    alone: str = ""  # why the group's tenants were synthesized one by one
+    singles: list[tuple[Any, TenantRequest]] = field(default_factory=list)
 
 
 @dataclass
@@ -214,11 +216,11 @@ class Reconciler:
                 self.flights.pop(scope).task.cancel()
                 self.current.pop(scope, None)
         for plan in plans:
-            self._launch(plan, reason, since)
+            await self._launch(plan, reason, since)
         if fabric is not None:
             await self._failure_status(inputs, fabric, placements)
         await self._collect(jobs, inputs.pods)
-        self._phase_metrics(jobs)
+        self._phase_metrics()
 
     def _plan(self, jobs: list[JobSpec], placements: Mapping[str, Placement], fabric: Fabric,
               blocked: dict[str, tuple[str, str, str]]) -> list[GroupPlan]:
@@ -264,8 +266,15 @@ class Reconciler:
                              healthy_slots(placements[j.key], fabric)] for j in group_jobs}
             inputs_hash = _digest({"fabric": fingerprint, "tenants": [t.__dict__ for t in tenants],
                                    "options": options.__dict__, "ranks": ranks})
-            plans.append(GroupPlan(group, group_jobs, {k: placements[k] for k in group.members},
-                                   tenants, sub, inputs_hash, fingerprint, options))
+            plan = GroupPlan(group, group_jobs, {k: placements[k] for k in group.members},
+                             tenants, sub, inputs_hash, fingerprint, options)
+            if len(group_jobs) > 1:
+                for j, t in zip(group_jobs, tenants, strict=True):
+                    own = [s.npu for s in healthy_slots(placements[j.key], fabric)]
+                    alone, own_ids = subfabric(topo, own, name=f"{topo.name}-{group.scope}-1")
+                    plan.singles.append((alone, TenantRequest(
+                        t.name, tuple(own_ids[v] for v in own), t.collectives, t.weight)))
+            plans.append(plan)
         return plans
 
     def _up_to_date(self, plan: GroupPlan) -> bool:
@@ -276,7 +285,7 @@ class Reconciler:
                 return False
         return True
 
-    def _launch(self, plan: GroupPlan, reason: str, since: float) -> None:
+    async def _launch(self, plan: GroupPlan, reason: str, since: float) -> None:
         scope = plan.group.scope
         self.current[scope] = plan.inputs_hash
         flight = self.flights.get(scope)
@@ -286,12 +295,29 @@ class Reconciler:
             if flight is not None:
                 flight.task.cancel()
                 self.flights.pop(scope)
+            await self._current(plan)
             return
         if flight is not None:
             flight.task.cancel()
         task = asyncio.create_task(self._synthesize(plan, reason, since),
                                    name=f"synthesize-{scope}")
         self.flights[scope] = Flight(plan.inputs_hash, task)
+
+    async def _current(self, plan: GroupPlan) -> None:
+        """Members whose schedule matches the inputs are Ready again once a blocking problem
+        (placement, disconnection) is gone; a refusal by the synthesizer stays until the
+        inputs change."""
+        for job in plan.members:
+            state = self._state(job)
+            refused = any(c.get("type") == "Infeasible" and c.get("status") == "True"
+                          and c.get("reason") in ("Infeasible", "Rejected")
+                          for c in state.conditions)
+            if refused or not state.config_map:
+                continue
+            await self._update_jobs([job], {
+                "Ready": (True, "Synthesized", f"schedule {state.config_map} is current"),
+                "Infeasible": (False, "Feasible", "every rank is connected"),
+                "Synthesizing": (False, "Done", "nothing changed since the last synthesis")})
 
     # ---- one group ---------------------------------------------------------------------------
     async def _synthesize(self, plan: GroupPlan, reason: str, since: float) -> None:
@@ -311,10 +337,15 @@ class Reconciler:
                     started: float, marking: asyncio.Task[None]) -> None:
         scope = plan.group.scope
         delay = self.settings.backoff_initial_seconds
+        requests = [request]
         while True:
             try:
                 response = await self.synth.synthesize(
-                    request, timeout=self.settings.call_timeout_seconds)
+                    requests[0], timeout=self.settings.call_timeout_seconds)
+                for extra in requests[1:]:
+                    more = await self.synth.synthesize(
+                        extra, timeout=self.settings.call_timeout_seconds)
+                    response.tenants.extend(more.tenants)
                 break
             except SynthesisError as err:
                 if self.current.get(scope) != plan.inputs_hash:
@@ -331,6 +362,17 @@ class Reconciler:
                         "Synthesizing": (True, "Retrying", str(err))}, event=("Warning", why))
                     await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))
                     delay = min(delay * 2, self.settings.backoff_max_seconds)
+                    continue
+                if err.outcome is Outcome.REJECTED and len(requests) == 1 and len(plan.tenants) > 1:
+                    # The joint request could not be lowered (a tenant's schedule left its own
+                    # GPUs): keep every tenant running on a schedule of its own.
+                    log.warning("joint synthesis of %s refused (%s); synthesizing each alone",
+                                ", ".join(plan.group.members), err)
+                    requests = [build_request(sub, [t], plan.options,
+                                              f"choreo-operator/{scope}/{t.name}:"
+                                              f"{plan.inputs_hash[:16]}")
+                                for sub, t in plan.singles]
+                    plan.alone = str(err)
                     continue
                 result = "infeasible" if err.outcome is Outcome.INFEASIBLE else "rejected"
                 metrics.RESYNTHESES.labels(reason=reason, result=result).inc()
@@ -399,6 +441,18 @@ class Reconciler:
             except ApiError as err:
                 if err.status != 409:
                     raise
+        if not parts:
+            alias = results.alias_body(job, schedule, schedule.content_hash())
+            path = f"/api/v1/namespaces/{job.namespace}/configmaps"
+            try:
+                await self.api.create(path, alias)
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+                stale = {k: None for k in results.possible_files(job) if k not in alias["data"]}
+                await self.api.merge_patch(f"{path}/{alias['metadata']['name']}",
+                                           {"data": {**stale, **alias["data"]},
+                                            "metadata": {"labels": alias["metadata"]["labels"]}})
         state = self._state(job)
         state.inputs_hash = plan.inputs_hash
         state.config_map = name
@@ -419,8 +473,13 @@ class Reconciler:
                               "inputsHash": plan.inputs_hash},
         }
         failed = len(pl.slots) - len(slots)
+        others = [k for k in plan.group.members if k != job.key]
+        how = ("" if not others else
+               f"; synthesized alone ({plan.alone}) though it shares links with "
+               f"{', '.join(others)}" if plan.alone else
+               f"; jointly with {', '.join(others)}")
         updates: dict[str, status.Update] = {
-            "Ready": (True, "Synthesized", f"schedule {name} for {len(slots)} ranks"),
+            "Ready": (True, "Synthesized", f"schedule {name} for {len(slots)} ranks{how}"),
             "Synthesizing": (False, "Done", f"synthesized in {seconds:.2f} s"),
             "Infeasible": (False, "Feasible", "every rank is connected"),
             "Degraded": ((True, "DevicesFailed", f"{failed} of {len(pl.slots)} placed GPUs "
@@ -467,6 +526,7 @@ class Reconciler:
                 if err.status != 404:
                     log.warning("status of %s: %s", job.key, err)
                 continue
+            self._phase_metrics()
             if event is not None:
                 kind, why = event
                 text = event_message or next(iter(updates.values()))[2]
@@ -547,12 +607,10 @@ class Reconciler:
             if name not in names:
                 del self.failure_status[name]
 
-    def _phase_metrics(self, jobs: list[JobSpec]) -> None:
+    def _phase_metrics(self) -> None:
         counts: dict[str, int] = {}
-        for job in jobs:
-            state = self.jobs.get(job.key)
-            conditions = state.conditions if state else job.condition_list()
-            phase = status.phase(conditions)
+        for state in self.jobs.values():
+            phase = status.phase(state.conditions)
             counts[phase] = counts.get(phase, 0) + 1
         metrics.set_phases(counts)
 
@@ -590,7 +648,8 @@ class Reconciler:
             meta = cm["metadata"]
             owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
             name = meta["name"]
-            if job.uid not in owners or name in state.keep or name in mounted:
+            if (job.uid not in owners or name in state.keep or name in mounted
+                    or name == results.alias_name(job.name)):
                 continue
             try:
                 await self.api.delete(f"/api/v1/namespaces/{job.namespace}/configmaps/{name}")

@@ -67,6 +67,25 @@ class Schedule:
         return h.hexdigest()
 
 
+MAX_BUCKETS = 16  # the synthesizer's limit of size buckets per collective
+
+
+def alias_name(job: str) -> str:
+    """The job's mutable ConfigMap that always holds the current schedule."""
+    return f"{job[:240]}-schedule"
+
+
+def alias_body(job: JobSpec, schedule: Schedule, content_hash: str) -> dict[str, Any]:
+    body = _body(job, alias_name(job.name), schedule.data(), content_hash, "", "")
+    body.pop("immutable")
+    return body
+
+
+def possible_files(job: JobSpec) -> list[str]:
+    """Every XML key a schedule of ``job`` can have, for mounting before it exists."""
+    return [xml_key(c.name, b) for c in job.collectives for b in range(MAX_BUCKETS)]
+
+
 def xml_key(collective: str, bucket: int) -> str:
     return f"{collective}-{bucket}.xml"
 

@@ -94,7 +94,7 @@ def start_synthesizer(log: Path, port: int | None = None, workers: int = 2) -> t
                                  "--metrics-port", "-1", "--workers", str(workers),
                                  "--warmup-topology", "", "--grace", "2"], log)
     try:
-        wait_port(port, 60.0, proc, log)
+        wait_port(port, 60.0, proc.popen, log)
     except Exception:
         proc.kill()
         raise
@@ -116,9 +116,9 @@ def start_operator(log: Path, kubeconfig: Path, synthesizer: str, cert_dir: Path
             "--webhook-port", str(ports.webhook), "--webhook-cert-dir", str(cert_dir), *extra]
     proc = spawn("operator", argv, log)
     try:
-        wait_port(ports.metrics, 60.0, proc, log)
+        wait_port(ports.metrics, 60.0, proc.popen, log)
         if webhook:
-            wait_port(ports.webhook, 60.0, proc, log)
+            wait_port(ports.webhook, 60.0, proc.popen, log)
     except Exception:
         proc.kill()
         raise

@@ -52,14 +52,18 @@ def mutation(pod: Mapping[str, Any], jobs: Iterable[JobSpec]) -> dict[str, Any] 
     if any(v.get("name") == VOLUME for v in volumes):
         return None
     job = find_job(pod, jobs)
-    if job is None or not job.files:
+    if job is None:
         return None
-    name = schedule_for(pod, job)
-    if name is None:
-        return None
-    volumes.append({"name": VOLUME, "configMap": {
-        "name": name, "items": results.volume_items(job.files), "defaultMode": 0o444}})
-    env = results.pod_env(job.files)
+    name = schedule_for(pod, job) if job.files else None
+    if name is not None:
+        files = list(job.files)
+        source: dict[str, Any] = {"name": name, "items": results.volume_items(files)}
+    else:  # no schedule yet: the alias, filled in (and refreshed by the kubelet) once it exists
+        name = results.alias_name(job.name)
+        files = results.possible_files(job)
+        source = {"name": name, "items": results.volume_items(files), "optional": True}
+    volumes.append({"name": VOLUME, "configMap": {**source, "defaultMode": 0o444}})
+    env = results.pod_env(files)
     containers = []
     for c in spec.get("containers") or []:
         c = copy.deepcopy(c)
