@@ -113,7 +113,7 @@ def test_dgx1_allgather_reaches_the_lower_bound(chunks):
     d = Demand(Collective.ALLGATHER, tuple(range(8)), 8 * chunks * 25_000, chunks=chunks)
     started = time.perf_counter()
     sched = _milp(fabric, d)
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < 15  # ~1 s alone; the benchmark checks <= 5 s
     step = 0.7 * US + 1 * US
     expected = max(2, math.ceil(7 * chunks / 6)) * step
     assert sched.makespan == pytest.approx(expected, rel=1e-9)
