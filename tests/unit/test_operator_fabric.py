@@ -1,0 +1,117 @@
+"""FabricTopology + NodeFabric - DeviceFailure -> Topology, and the sub-fabric of a group."""
+
+from __future__ import annotations
+
+from choreo import generators
+from choreo_operator.fabric import build_fabric, subfabric
+from choreo_operator.model import (
+    DeviceFailureSpec,
+    FabricSpec,
+    GpuInfo,
+    LinkInfo,
+    NicInfo,
+    NodeFabricSpec,
+    fabric_spec,
+)
+
+
+def _spec(n: int = 2, **kw: object) -> FabricSpec:
+    return FabricSpec("f", 1, tuple((f"n{i}", i) for i in range(n)), **kw)  # type: ignore[arg-type]
+
+
+def test_preset_rails_match_the_generator() -> None:
+    fab = build_fabric(_spec(4, inter_type="rail", rails=8), {})
+    ref = generators.dgx_h100(4)
+    topo = fab.topology
+    assert len(topo.all_npus) == 32 and len(topo.links) == len(ref.links)
+    assert sorted(lk.bandwidth for lk in topo.links) == sorted(lk.bandwidth for lk in ref.links)
+    assert topo.node_name(0) == "n0/gpu0" and fab.gpu("n3", 7) == 31
+    topo.check_connected(topo.npus)
+
+
+def test_fewer_rails_than_gpus_share_nics() -> None:
+    topo = build_fabric(_spec(2, inter_type="rail", rails=2), {}).topology
+    names = [topo.node_name(v) for v in topo.switches]
+    assert {"n0/nic0", "n0/nic1", "n1/nic0", "n1/nic1", "rail0", "rail1"} <= set(names)
+    nic = names.index("n0/nic1")
+    attached = {topo.node_name(topo.links[i].src) for i in topo.in_links(topo.switches[nic])}
+    assert {"n0/gpu4", "n0/gpu7", "rail1"} <= attached and "n0/gpu0" not in attached
+
+
+def test_failures_and_down_nodes() -> None:
+    failures = [DeviceFailureSpec("g", "n0", "gpu", gpu=3),
+                DeviceFailureSpec("r", "n0", "gpu", gpu=5, resolved=True),
+                DeviceFailureSpec("x", "nope", "gpu", gpu=1),
+                DeviceFailureSpec("y", "n0", "gpu", gpu=99),
+                DeviceFailureSpec("l", "n1", "link", gpu=0, peer_gpu=1)]
+    fab = build_fabric(_spec(3, inter_type="rail", rails=8), {}, failures, down_nodes=["n2"])
+    failed = {fab.topology.node_name(v) for v in fab.topology.failed}
+    assert failed == {"n0/gpu3"} | {f"n2/gpu{g}" for g in range(8)}
+    assert set(fab.problems) == {"x", "y", "l"}  # dgx-h100 GPUs have no direct links
+    assert "not in FabricTopology" in fab.problems["x"] and "no GPU 99" in fab.problems["y"]
+
+
+def test_dgx1_link_failure_cuts_both_directions() -> None:
+    fab = build_fabric(_spec(1, preset="dgx1"), {},
+                       [DeviceFailureSpec("l", "n0", "link", gpu=0, peer_gpu=1)])
+    topo = fab.topology
+    bad = [lk for lk in topo.links if not lk.healthy]
+    assert bad and {(lk.src, lk.dst) for lk in bad} == {(0, 1), (1, 0)}
+    assert not fab.problems
+
+
+def test_nic_failure_cuts_the_nic() -> None:
+    fab = build_fabric(_spec(2, inter_type="rail", rails=2), {},
+                       [DeviceFailureSpec("n", "n1", "nic", nic="nic0")])
+    topo = fab.topology
+    nic = topo.names.index("n1/nic0")
+    assert all(not topo.links[i].healthy for i in (*topo.in_links(nic), *topo.out_links(nic)))
+    assert sum(not lk.healthy for lk in topo.links) == 2 * (4 + 1)
+
+
+def test_agent_node_fabric_replaces_the_preset() -> None:
+    nf = NodeFabricSpec("n1", (GpuInfo(0), GpuInfo(1), GpuInfo(2, healthy=False)), (
+        LinkInfo(0, 1, None, None, "nvlink", 2, 1e-6, 25e9),
+        LinkInfo(1, 0, None, None, "nvlink", 2, 1e-6, 25e9),
+        LinkInfo(0, None, None, "mlx5_0", "pcie", 1, 0.0, 32e9, healthy=False),
+    ), (NicInfo("mlx5_0", 0, 50e9, 0),))
+    fab = build_fabric(_spec(2, inter_type="rail", rails=1), {"n1": nf})
+    topo = fab.topology
+    assert fab.node_gpus["n1"] == (8, 9, 10)
+    assert topo.node_name(10) in {topo.node_name(v) for v in topo.failed}
+    nvlinks = [lk for lk in topo.links if lk.kind == "nvlink"]
+    assert len(nvlinks) == 4
+    nic = topo.names.index("n1/mlx5_0")
+    assert not any(topo.links[i].healthy for i in topo.in_links(nic) if topo.is_npu(
+        topo.links[i].src))
+
+
+def test_torus_links_neighbours_gpu_to_gpu() -> None:
+    topo = build_fabric(_spec(4, preset="generic", gpus=2, inter_type="torus", dims=(4,)),
+                        {}).topology
+    optical = {(topo.node_name(lk.src), topo.node_name(lk.dst)) for lk in topo.links
+               if lk.kind == "optical"}
+    assert ("n0/gpu1", "n1/gpu1") in optical and ("n3/gpu0", "n0/gpu0") in optical
+    assert ("n0/gpu0", "n2/gpu0") not in optical
+
+
+def test_duplicate_positions_are_noted() -> None:
+    spec = FabricSpec("f", 1, (("a", 0), ("b", 0)))
+    assert "share position 0" in build_fabric(spec, {}).notes[0]
+
+
+def test_subfabric_keeps_only_useful_switches() -> None:
+    fab = build_fabric(_spec(50, inter_type="rail", rails=2), {})
+    npus = [fab.gpu("n0", g) for g in range(4)] + [fab.gpu("n1", g) for g in range(4)]
+    sub, ids = subfabric(fab.topology, [v for v in npus if v is not None])
+    names = {sub.node_name(v) for v in sub.switches}
+    assert names == {"n0/sw-nvswitch", "n1/sw-nvswitch", "n0/nic0", "n1/nic0", "rail0"}
+    assert len(sub.npus) == 8 and sorted(ids.values())[:8] == list(range(8))
+    sub.check_connected(sub.npus)
+
+
+def test_fabric_spec_from_body() -> None:
+    spec = fabric_spec({"metadata": {"name": "x", "generation": 3}, "spec": {
+        "nodes": [{"name": "b", "position": 1}, {"name": "a", "position": 0}],
+        "intraNode": {"preset": "dgx1"}, "interNode": {"type": "torus", "dims": [2]}}})
+    assert spec.nodes == (("a", 0), ("b", 1)) and spec.preset == "dgx1" and spec.dims == (2,)

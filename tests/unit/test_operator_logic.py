@@ -1,0 +1,156 @@
+"""Placement, grouping, ConfigMaps, the webhook's mutation, conditions and the debouncer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from choreo_operator import results, status, webhook
+from choreo_operator.debounce import Debouncer
+from choreo_operator.fabric import build_fabric
+from choreo_operator.grouping import Member, groups
+from choreo_operator.model import (
+    CollectiveSpec,
+    FabricSpec,
+    JobSpec,
+    PodInfo,
+    Selector,
+    job_spec,
+    pod_info,
+)
+from choreo_operator.placement import place
+
+FABRIC = build_fabric(FabricSpec("f", 1, (("n0", 0), ("n1", 1)), inter_type="rail", rails=1), {})
+COLL = (CollectiveSpec("grads", "allreduce", 1 << 20, 1 << 26),)
+
+
+def _job(name: str, **kw: object) -> JobSpec:
+    return JobSpec("ns", name, f"uid-{name}", 1, Selector((("t", name),)), COLL,
+                   **kw)  # type: ignore[arg-type]
+
+
+def _pod(name: str, tenant: str, node: str | None, gpus: int, rank: int | None,
+         annotation: str | None = None) -> PodInfo:
+    ranks = () if rank is None else (("batch.kubernetes.io/job-completion-index", str(rank)),)
+    return PodInfo("ns", name, name, (("t", tenant),), node, gpus, annotation, ranks, (), True)
+
+
+def test_packing_in_rank_order_and_annotations() -> None:
+    pods = [_pod("a1", "a", "n0", 3, 1), _pod("a0", "a", "n0", 3, 0),
+            _pod("b0", "b", "n0", 2, 0, annotation="6,7"), _pod("c0", "c", "n1", 8, 0),
+            _pod("d0", "d", "n1", 1, 0, annotation="2"), _pod("launcher", "a", "n1", 0, None)]
+    out = place([_job("a"), _job("b"), _job("c"), _job("d")], pods, FABRIC)
+    assert [(s.pod, s.gpu) for s in out["ns/a"].slots] == [
+        ("a0", 0), ("a0", 1), ("a0", 2), ("a1", 3), ("a1", 4), ("a1", 5)]
+    assert [s.gpu for s in out["ns/b"].slots] == [6, 7]
+    assert out["ns/a"].pod_ranks == {"a0": (0, 2), "a1": (3, 5)}
+    # c takes the whole node n1, so d's annotated GPU 2 is double-booked: a problem for one
+    problems = out["ns/c"].problems + out["ns/d"].problems
+    assert len(problems) == 1 and "also claimed" in problems[0]
+
+
+def test_unknown_node_and_gpu_are_problems_not_errors() -> None:
+    pods = [_pod("x0", "x", "elsewhere", 8, 0), _pod("y0", "y", "n1", 2, 0, annotation="8,9")]
+    out = place([_job("x"), _job("y")], pods, FABRIC)
+    assert "not in the FabricTopology" in out["ns/x"].problems[0]
+    assert "has no GPU 8, 9" in out["ns/y"].problems[0]
+    assert not out["ns/x"].slots and not out["ns/y"].slots
+
+
+def test_tenants_sharing_a_nic_group_and_partitioned_stay_alone() -> None:
+    topo = FABRIC.topology
+    a = Member("a", (0, 1, 8, 9), True, ("executor", 1, "Simple"))
+    b = Member("b", (2, 3, 10, 11), True, ("executor", 1, "Simple"))
+    c = Member("c", (4, 5, 12, 13), False, ("executor", 1, "Simple"))
+    d = Member("d", (6, 7, 14, 15), True, ("legacy", 1, "Simple"))
+    assert [g.members for g in groups(topo, [a, b, c, d])] == [("a", "b"), ("c",), ("d",)]
+    per_gpu = build_fabric(FabricSpec("f", 1, (("n0", 0), ("n1", 1)), inter_type="rail",
+                                      rails=8), {}).topology
+    assert len(groups(per_gpu, [a, b])) == 2  # one rail per GPU: nothing shared
+
+
+def test_config_maps_are_content_addressed_and_split_per_pod() -> None:
+    xml = ('<algo name="x" ngpus="4"><gpu id="0"/><gpu id="1"/><gpu id="2"/>'
+           '<gpu id="3"/></algo>')
+    sched = results.Schedule({"grads-0.xml": xml}, [{"rank": r} for r in range(4)])
+    job = _job("a")
+    name, parts, bodies = results.config_maps(job, sched, {"p0": (0, 1), "p1": (2, 3)},
+                                              {"p0": 0, "p1": 1}, "in", "fp")
+    assert name.startswith("a-") and not parts and bodies[0]["immutable"] is True
+    again = results.config_maps(job, results.Schedule(dict(sched.files), list(sched.ranks)),
+                                {}, {}, "other", "fp")[0]
+    assert again == name  # same content, same object, whatever the inputs were
+    _, parts, bodies = results.config_maps(job, sched, {"p0": (0, 1), "p1": (2, 3)},
+                                           {"p0": 0, "p1": 1}, "in", "fp", split_bytes=10)
+    assert [(p.first, p.last, p.pod_rank) for p in parts] == [(0, 1, 0), (2, 3, 1)]
+    assert bodies[1]["data"]["grads-0.xml"].count("<gpu") == 2
+    assert 'id="3"' in bodies[1]["data"]["grads-0.xml"]
+    assert json.loads(bodies[0]["data"]["ranks.json"])[3] == {"rank": 3}
+
+
+def test_webhook_mutation() -> None:
+    body = {"metadata": {"name": "a", "namespace": "ns", "uid": "u", "generation": 2},
+            "spec": {"selector": {"matchLabels": {"t": "a"}}, "collectives": [
+                {"name": "grads", "collective": "allreduce", "minBytes": 1, "maxBytes": 2}]},
+            "status": {"configMap": "a-123", "files": ["grads-0.xml", "grads-1.xml"]}}
+    job = job_spec(body)
+    pod = {"metadata": {"namespace": "ns", "labels": {"t": "a"}},
+           "spec": {"containers": [{"name": "c", "env": [{"name": "NCCL_ALGO", "value": "X"}]}]}}
+    change = webhook.mutation(pod, [job])
+    assert change is not None
+    volume = change["volumes"][-1]["configMap"]
+    assert volume["name"] == "a-123"
+    assert {"key": "grads-1.xml", "path": "msccl/grads-1.xml"} in volume["items"]
+    env = {e["name"]: e["value"] for e in change["containers"][0]["env"]}
+    assert env["NCCL_ALGO"] == "X" and env["MSCCL_ALGO_DIR"] == "/etc/choreo/msccl"
+    assert webhook.mutation({"metadata": {"namespace": "other", "labels": {"t": "a"}},
+                             "spec": {"containers": []}}, [job]) is None
+    early = webhook.mutation(pod, [job_spec({**body, "status": {}})])
+    assert early is not None
+    assert early["volumes"][-1]["configMap"]["name"] == "a-schedule"
+    assert early["volumes"][-1]["configMap"]["optional"] is True
+
+
+def test_pod_info_reads_gpus_and_mounts() -> None:
+    pod = pod_info({"metadata": {"name": "p", "namespace": "ns", "labels": {
+        "batch.kubernetes.io/job-completion-index": "3"}},
+        "spec": {"nodeName": "n0", "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "4"}}}, {"name": "side"}],
+            "volumes": [{"name": "v", "configMap": {"name": "cm"}}]},
+        "status": {"phase": "Running"}})
+    assert pod.gpus == 4 and pod.rank("batch.kubernetes.io/job-completion-index") == 3
+    assert pod.config_maps == ("cm",) and pod.active
+
+
+def test_conditions_keep_transition_time_unless_status_flips() -> None:
+    first = status.merge([], {"Ready": (True, "Synthesized", "ok")}, 1)
+    first[0]["lastTransitionTime"] = "2000-01-01T00:00:00Z"
+    same = status.merge(first, {"Ready": (True, "Synthesized", "still ok")}, 2)
+    assert same[0]["lastTransitionTime"] == "2000-01-01T00:00:00Z"
+    assert same[0]["observedGeneration"] == 2
+    flipped = status.merge(same, {"Ready": (False, "no pods!", "x"),
+                                  "Infeasible": (True, "TenantDisconnected", "y")}, 2)
+    assert flipped[0]["lastTransitionTime"] != "2000-01-01T00:00:00Z"
+    assert flipped[0]["reason"] == "nopods"
+    assert status.phase(flipped) == "Infeasible" and status.phase([]) == "Pending"
+
+
+def test_debouncer_coalesces_a_burst() -> None:
+    async def main() -> tuple[set[str], float]:
+        d = Debouncer(quiet=0.1, max_delay=5.0)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def burst() -> None:
+            for _ in range(10):
+                d.poke("failure")
+                await asyncio.sleep(0.03)
+            d.poke("node")
+
+        task = asyncio.create_task(burst())
+        reasons, _ = await d.wait()
+        await task
+        return reasons, loop.time() - start
+
+    reasons, waited = asyncio.run(main())
+    assert reasons == {"failure", "node"} and waited >= 0.3

@@ -1,0 +1,163 @@
+"""The reconciler against an in-memory API and a scripted synthesizer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from choreo.service.api import pb
+from choreo_operator.kube import ApiError
+from choreo_operator.model import (
+    CollectiveSpec,
+    DeviceFailureSpec,
+    FabricSpec,
+    JobSpec,
+    NodeInfo,
+    PodInfo,
+    Selector,
+)
+from choreo_operator.reconciler import Inputs, Reconciler, Settings
+from choreo_operator.synthclient import Outcome, SynthesisError
+
+XML = '<algo ngpus="{n}"></algo>'
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.objects: dict[str, Any] = {}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+
+    async def get(self, path: str) -> Any:
+        prefix = path.split("?")[0] + "/"
+        return {"items": [v for k, v in self.objects.items() if k.startswith(prefix)]}
+
+    async def create(self, path: str, body: dict[str, Any]) -> Any:
+        key = f"{path}/{body['metadata'].get('name', len(self.objects))}"
+        if key in self.objects:
+            raise ApiError(409, "POST", path, "exists")
+        self.objects[key] = body
+        return body
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+        self.patches.append((path, patch))
+        return patch
+
+    async def delete(self, path: str) -> Any:
+        return self.objects.pop(path, None)
+
+    def statuses(self, job: str) -> list[dict[str, Any]]:
+        return [p["status"] for path, p in self.patches if path.endswith(f"/{job}/status")]
+
+    def status(self, job: str) -> dict[str, Any]:
+        """The job's status as the API server would hold it after every merge patch."""
+        merged: dict[str, Any] = {}
+        for s in self.statuses(job):
+            merged.update(s)
+        return merged
+
+    def configmaps(self) -> list[str]:
+        return sorted(k.rsplit("/", 1)[1] for k, v in self.objects.items()
+                      if v.get("kind") == "ConfigMap" and v.get("immutable"))
+
+
+class FakeSynth:
+    def __init__(self, failures: list[SynthesisError] | None = None) -> None:
+        self.calls: list[Any] = []
+        self.failures = failures or []
+
+    async def synthesize(self, request: Any, timeout: float) -> Any:
+        self.calls.append(request)
+        if self.failures:
+            raise self.failures.pop(0)
+        resp = pb.SynthesizeResponse(engine="greedy")
+        for t in request.tenants:
+            out = resp.tenants.add(name=t.name)
+            for c in t.collectives:
+                res = out.collectives.add(collective=c.collective)
+                res.buckets.add(min_bytes=c.min_bytes, max_bytes=c.max_bytes,
+                                representative_bytes=c.max_bytes,
+                                xml=XML.format(n=len(t.npus)),
+                                prediction=pb.Prediction(busbw_bytes_per_second=1e10,
+                                                         fraction_of_bound=0.8),
+                                verification=pb.Verification(ok=True))
+        return resp
+
+
+def _inputs(failures: list[DeviceFailureSpec]) -> Inputs:
+    fabric = FabricSpec("f", 1, (("n0", 0), ("n1", 1)), inter_type="rail", rails=1)
+    jobs = [JobSpec("ns", t, f"uid-{t}", 1, Selector((("t", t),)),
+                    (CollectiveSpec("grads", "allreduce", 1 << 20, 1 << 22),)) for t in "ab"]
+    pods = [PodInfo("ns", f"{t}{r}", f"{t}{r}", (("t", t),), f"n{r}", 4, None,
+                    (("batch.kubernetes.io/job-completion-index", str(r)),), (), True)
+            for t in "ab" for r in range(2)]
+    nodes = {n: NodeInfo(n, True, 8) for n in ("n0", "n1")}
+    return Inputs([fabric], {}, failures, nodes, jobs, pods)
+
+
+def _run(failures_seq: list[list[DeviceFailureSpec]], synth: FakeSynth,
+         api: FakeApi) -> Reconciler:
+    state = {"failures": failures_seq[0]}
+    rec = Reconciler(lambda: _inputs(state["failures"]), api, synth,
+                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+
+    async def main() -> None:
+        for failures in failures_seq:
+            state["failures"] = failures
+            await rec.round({"failure"}, 0.0)
+            for flight in list(rec.flights.values()):
+                await flight.task
+    asyncio.run(main())
+    return rec
+
+
+def test_one_request_per_group_and_nothing_when_nothing_changed() -> None:
+    api, synth = FakeApi(), FakeSynth()
+    _run([[], []], synth, api)
+    assert len(synth.calls) == 1  # a and b share the NIC: one joint request, once
+    assert sorted(t.name for t in synth.calls[0].tenants) == ["ns/a", "ns/b"]
+    assert len(api.configmaps()) == 2
+    final = api.status("a")
+    assert final["phase"] == "Ready" and final["ranks"] == 8 and final["files"] == ["grads-0.xml"]
+
+
+def test_failure_then_resolution_restores_the_same_configmap() -> None:
+    api, synth = FakeApi(), FakeSynth()
+    gpu = DeviceFailureSpec("x", "n1", "gpu", gpu=1)
+    _run([[], [gpu], [DeviceFailureSpec("x", "n1", "gpu", gpu=1, resolved=True)]], synth, api)
+    names = [s["configMap"] for s in api.statuses("a") if "configMap" in s]
+    assert len(synth.calls) == 3 and names[0] == names[-1] and names[1] != names[0]
+    assert [len(t.npus) for t in synth.calls[1].tenants] == [7, 8]
+
+
+def test_synthesizer_down_degrades_then_recovers() -> None:
+    api = FakeApi()
+    synth = FakeSynth([SynthesisError(Outcome.RETRY, "UNAVAILABLE", "connection refused")] * 2)
+    _run([[]], synth, api)
+    phases = [s.get("phase") for s in api.statuses("a")]
+    assert "Degraded" in phases and phases[-1] == "Ready" and len(synth.calls) == 3
+    degraded = next(s for s in api.statuses("a") if s.get("phase") == "Degraded")
+    reason = {c["type"]: c["reason"] for c in degraded["conditions"]}["Degraded"]
+    assert reason == "SynthesizerUnavailable"
+
+
+def test_infeasible_keeps_the_old_schedule() -> None:
+    api = FakeApi()
+    synth = FakeSynth()
+    _run([[]], synth, api)
+    before = api.configmaps()
+    synth.failures = [SynthesisError(Outcome.INFEASIBLE, "FAILED_PRECONDITION", "cut off")]
+    _run([[DeviceFailureSpec("x", "n1", "gpu", gpu=0)]], synth, api)
+    assert api.configmaps() == before
+    assert api.status("a")["phase"] == "Infeasible"
+    assert api.status("a")["configMap"] in before  # pods keep the last good schedule
+
+
+def test_joint_request_refused_falls_back_to_one_per_tenant() -> None:
+    api = FakeApi()
+    synth = FakeSynth([SynthesisError(Outcome.REJECTED, "INVALID_ARGUMENT", "left its GPUs")])
+    _run([[]], synth, api)
+    assert [len(c.tenants) for c in synth.calls] == [2, 1, 1]
+    final = api.status("b")
+    assert final["phase"] == "Ready"
+    ready = next(c for c in final["conditions"] if c["type"] == "Ready")
+    assert "synthesized alone" in ready["message"] and "ns/a" in ready["message"]
