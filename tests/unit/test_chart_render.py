@@ -142,6 +142,22 @@ def test_chart_crds_are_well_formed_schemas() -> None:
                 assert not unknown, f"{where}: not schema keywords: {sorted(unknown)}"
 
 
+def test_operator_rbac_matches_the_operator_manifest(helm: Path) -> None:
+    manifest = [d for d in yaml.safe_load_all(
+        (ROOT / "deploy/manifests/operator-rbac.yaml").read_text()) if d]
+    expected = next(d for d in manifest if d["kind"] == "ClusterRole")["rules"]
+    # The chart registers the webhook itself, so the operator needs no grant on it.
+    expected = [r for r in expected if "mutatingwebhookconfigurations" not in r["resources"]]
+    chart = by_kind(render(helm), "ClusterRole")["rel-choreo-operator"]["rules"]
+
+    def norm(rules: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return sorted((tuple(r["apiGroups"]), tuple(sorted(r["resources"])),
+                       tuple(sorted(r["verbs"])), tuple(r.get("resourceNames", ())))
+                      for r in rules)
+
+    assert norm(chart) == norm(expected)
+
+
 def test_operator_single_replica_recreate(helm: Path) -> None:
     op = by_kind(render(helm), "Deployment")["rel-choreo-operator"]
     assert op["spec"]["replicas"] == 1
