@@ -3,7 +3,7 @@
 A server runs as its own process (as in a Deployment) and 16 clients hammer it in closed
 loops for ``--seconds``, each on its own channel: most repeat 64-GPU requests already in the
 cache, a few send fresh 64-GPU requests that each need a solve (a new seed every time). The
-clients are asyncio tasks spread over a few processes, so that the load generator itself
+clients are asyncio tasks in one process per 4 CPUs, so that the load generator itself
 costs little of the machine it shares with the server. Prints
 measured | target | reference for latency (cached and fresh apart), throughput, errors and
 the server's peak memory.
@@ -272,7 +272,7 @@ def run(seconds: float, clients: int, fresh_clients: int, revalidate_clients: in
     wrong_hits = sum(1 for s in samples if s.code == "OK" and s.cache_hit != (s.kind != "fresh"))
     return {
         "seconds": seconds, "clients": clients, "fresh_clients": fresh_clients,
-        "workers": workers, "cpus": os.cpu_count(),
+        "workers": workers, "cpus": os.cpu_count(), "client_procs": client_procs,
         "requests": len(samples), "errors": len(errors),
         "error_codes": sorted({s.code for s in errors}), "wrong_cache_flags": wrong_hits,
         "cached": {"count": len(cached_lat), "p50": _pct(cached_lat, 0.5),
@@ -310,7 +310,8 @@ def report(r: dict[str, Any], console: Console) -> bool:
     c, f, a, m = r["cached"], r["fresh"], r["alone"], r["memory"]
     ok_p50 = c["p50"] <= CACHED_TARGET_P50
     ok_err = r["errors"] == 0 and r["wrong_cache_flags"] == 0
-    table = Table(title=f"synthesizer service: {r['clients']} clients x {r['seconds']:g} s, "
+    table = Table(title=f"synthesizer service: {r['clients']} clients ({r['client_procs']} "
+                  f"process(es)) x {r['seconds']:g} s, "
                   f"64-GPU AllReduce 1 MiB..1 GiB in 4 buckets ({TOPOLOGY}), "
                   f"{r['workers']} worker(s) on {r['cpus']} CPU(s)", title_justify="left")
     for col in ("metric", "measured", "target", "reference"):
@@ -353,8 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                    help="server worker processes (default: CPUs - 1, one left for serving)")
     p.add_argument("--cached", type=int, default=8, help="distinct cached requests")
-    p.add_argument("--client-procs", type=int, default=2,
-                   help="processes the clients are spread over (asyncio inside each)")
+    p.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 1) // 4),
+                   help="processes the clients are spread over (asyncio inside each); "
+                   "default one per 4 CPUs, since on a small machine more load-generator "
+                   "processes only fight the server for the CPU")
     p.add_argument("--json", help="also write the numbers to this file")
     args = p.parse_args(argv)
     if (not 0 <= args.fresh_clients + args.revalidate_clients <= args.clients

@@ -46,6 +46,9 @@ def register(sub: Any) -> None:
     p.add_argument("--warmup-topology", default="3d-rfs-16",
                    help="built-in topology each worker solves once before the server reports "
                    "SERVING ('' to skip)")
+    p.add_argument("--worker-nice", type=int, default=10,
+                   help="CPU niceness of the worker processes, so cache hits and health checks "
+                   "win the CPU over solving (0 to keep the server's)")
     p.set_defaults(func=cmd_serve)
 
     synth = sub.choices.get("synthesize")
@@ -79,7 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers=args.workers, queue=args.queue, cache_bytes=args.cache_mib << 20,
         grace_seconds=args.grace, tls_cert=args.tls_cert, tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca, reflection=args.reflection,
-        warmup_topology=args.warmup_topology)
+        warmup_topology=args.warmup_topology, worker_nice=max(0, args.worker_nice))
     server = SynthesizerServer(cfg)
     server.install_signal_handlers()
     port = server.start()

@@ -147,7 +147,7 @@ class WorkerPool:
     """``workers`` processes, at most ``queue`` jobs waiting for one of them."""
 
     def __init__(self, workers: int, queue: int, warmup_topology: str = "",
-                 stats: PoolStats | None = None) -> None:
+                 stats: PoolStats | None = None, nice: int = 0) -> None:
         if workers < 1:
             raise ValueError("workers must be at least 1")
         if queue < 0:
@@ -155,6 +155,7 @@ class WorkerPool:
         self.workers = workers
         self.queue_limit = queue
         self.warmup_topology = warmup_topology
+        self.nice = nice
         self.stats = stats or PoolStats()
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(["choreo.service.worker"])
@@ -249,7 +250,7 @@ class WorkerPool:
         from choreo.service import worker
 
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=worker.main, args=(child, self.warmup_topology),
+        proc = self._ctx.Process(target=worker.main, args=(child, self.warmup_topology, self.nice),
                                  name=f"choreo-worker-{slot.index}", daemon=True)
         proc.start()
         child.close()

@@ -48,6 +48,7 @@ class ServerConfig:
     tls_client_ca: str | None = None  # given: clients must present a certificate it signed
     reflection: bool = False
     warmup_topology: str = "3d-rfs-16"
+    worker_nice: int = 10  # workers yield the CPU to the serving process
     max_message_bytes: int = MAX_MESSAGE_BYTES
 
 
@@ -76,7 +77,7 @@ class SynthesizerServer:
         self.metrics = Metrics()
         self.pool = WorkerPool(cfg.workers, cfg.queue, cfg.warmup_topology, PoolStats(
             queue_depth=self.metrics.queue_depth.set, busy=self.metrics.busy.set,
-            duration=self.metrics.duration.observe))
+            duration=self.metrics.duration.observe), nice=cfg.worker_nice)
         self.servicer = Synthesizer(self.pool, ResultCache(cfg.cache_bytes), self.metrics)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         options = [

@@ -8,6 +8,7 @@ work (verification, lowering) of one request never holds up another's GIL.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import traceback
 from multiprocessing.connection import Connection
@@ -36,10 +37,16 @@ def warm_up(topology: str) -> None:
         from choreo import msccl  # noqa: F401  (imported now rather than during a request)
 
 
-def main(conn: Connection, warmup_topology: str) -> None:
-    """Serve one request at a time until the pipe closes; the parent kills us to cancel."""
+def main(conn: Connection, warmup_topology: str, nice: int = 0) -> None:
+    """Serve one request at a time until the pipe closes; the parent kills us to cancel.
+
+    ``nice`` lowers the worker's CPU priority: on a busy pod the server process, which
+    answers cache hits and health checks, should win the CPU over background solving.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if nice > 0:
+        os.nice(nice)
     from choreo.service import work
 
     try:
