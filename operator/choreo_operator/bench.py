@@ -12,6 +12,7 @@ creates 1000 fake 8-GPU nodes in one rail-optimized FabricTopology and 50 tenant
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 import tempfile
@@ -191,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5, help="repetitions of the latency runs")
     p.add_argument("--keep", type=Path, help="work directory to keep (logs, state)")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM
     if args.nodes < 136 + args.tenants - 2:
         print("error: --nodes must leave at least one node per small tenant", file=sys.stderr)
         return 2

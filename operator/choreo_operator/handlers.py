@@ -264,8 +264,12 @@ _watch("pod", "pods", _ns_name, _pod_trigger, "", "v1", "pods")
 # ---- admission -------------------------------------------------------------------------------
 
 
-@kopf.on.mutate("", "v1", "pods", operation="CREATE", ignore_failures=True, id="inject",
-                registry=registry)
+def enable_webhook() -> None:
+    """Register the pod mutation; only then does kopf require a webhook server."""
+    kopf.on.mutate("", "v1", "pods", operation="CREATE", ignore_failures=True, id="inject",
+                   registry=registry)(inject)
+
+
 def inject(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
     job_idx: kopf.Index[str, model.JobSpec] = kwargs["job_idx"]
     jobs = [j for store in job_idx.values() for j in store]

@@ -12,13 +12,15 @@ from choreo_operator.config import Config
 
 
 def run(config: Config, log_level: str = "INFO") -> int:
-    from choreo_operator.handlers import Runtime, registry
+    from choreo_operator.handlers import Runtime, enable_webhook, registry
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if config.webhook_port > 0:
+        enable_webhook()
     memo = kopf.Memo(runtime=None)
 
     async def main() -> None:
