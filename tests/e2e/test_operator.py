@@ -43,7 +43,7 @@ class Stack:
         self.operator, self.ports = T.start_operator(
             self.logs / "operator.log", self.cluster.info.kubeconfig,
             f"127.0.0.1:{self.synth_port}", self.logs / "certs",
-            extra=["--webhook-config", WEBHOOK], ports=self.ports)
+            extra=["--webhook-config", WEBHOOK, "--debounce", "0.5"], ports=self.ports)
 
     def start_synthesizer(self) -> None:
         self.synth, _ = T.start_synthesizer(self.logs / "synth.log", port=self.synth_port)
