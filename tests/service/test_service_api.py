@@ -284,14 +284,17 @@ def test_server_keeps_serving_while_bad_requests_pour_in(served: Running) -> Non
     assert set(codes) == {grpc.StatusCode.INVALID_ARGUMENT}
 
 
-def _remote_args(served: Running, out: str | None, **overrides: object) -> argparse.Namespace:
-    args = argparse.Namespace(
-        topology="3d-rfs-16", fail="", tenants=None, collective="allgather", size="16MiB",
-        chunks=None, root=0, restarts=2, seed=0, dialect="executor", remote=served.address,
-        remote_ca=None, remote_cert=None, remote_key=None, remote_timeout=120.0, out=out)
-    for name, value in overrides.items():
-        setattr(args, name, value)
-    return args
+def _remote_args(served: Running, *argv: str) -> argparse.Namespace:
+    """Parse with the real ``choreo`` parser plus what ``register`` adds to it."""
+    from choreo.cli import _parser
+    from choreo.service.cli import register
+
+    parser = _parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if "serve" not in sub.choices:
+        register(sub)
+    return parser.parse_args(["synthesize", "--remote", served.address, "-t", "3d-rfs-16",
+                              "-c", "allgather", "-s", "16MiB", "--restarts", "2", *argv])
 
 
 def test_remote_cli_writes_xml_and_summary(served: Running, tmp_path: Path,
@@ -299,23 +302,29 @@ def test_remote_cli_writes_xml_and_summary(served: Running, tmp_path: Path,
     from choreo import msccl
     from choreo.service.cli import remote_synthesize
 
-    out = tmp_path / "out"
-    assert remote_synthesize(_remote_args(served, str(out))) == 0
+    out, xml_dir = tmp_path / "out", tmp_path / "msccl"
+    args = _remote_args(served, "-o", str(out), "--msccl-out", str(xml_dir),
+                        "--max-size", "256MiB")
+    assert remote_synthesize(args) == 0
     printed = capsys.readouterr().out
     assert "tenant0: allgather" in printed and "verified" in printed
-    xmls = sorted(out.glob("*.xml"))
-    assert len(xmls) == 1
-    assert msccl.validate(xmls[0].read_text()) == []
+    xmls = sorted(xml_dir.glob("*.xml"))
+    assert len(xmls) == 4  # 16..256 MiB in the default 4 buckets
+    for path in xmls:
+        assert msccl.validate(path.read_text()) == []
+        assert (out / path.name).read_text() == path.read_text()
     summary = json.loads((out / "summary.json").read_text())
-    bucket = summary["tenants"][0]["collectives"][0]["buckets"][0]
-    assert "xml" not in bucket and bucket["fileName"] == xmls[0].name
-    assert bucket["verification"]["ok"] is True
+    buckets = summary["tenants"][0]["collectives"][0]["buckets"]
+    assert [b["fileName"] for b in buckets] == [p.name for p in xmls]
+    assert all("xml" not in b and b["verification"]["ok"] for b in buckets)
+    assert int(buckets[0]["minBytes"]) == 16 << 20 and int(buckets[-1]["maxBytes"]) == 256 << 20
 
 
 def test_remote_cli_reports_the_status_and_field(served: Running) -> None:
     from choreo.errors import ChoreoError
     from choreo.service.cli import remote_synthesize
 
-    with pytest.raises(ChoreoError, match=r"INVALID_ARGUMENT: options\.dialect: .*"
-                                          r"\(field: options\.dialect\)"):
-        remote_synthesize(_remote_args(served, None, dialect="xla"))
+    with pytest.raises(ChoreoError, match=r"INVALID_ARGUMENT: tenants\[0\]\.collectives\[0\]"
+                                          r"\.chunks: .*\(field: tenants\[0\]\.collectives"
+                                          r"\[0\]\.chunks\)"):
+        remote_synthesize(_remote_args(served, "--chunks", "2000"))

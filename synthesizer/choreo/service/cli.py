@@ -61,7 +61,8 @@ def register(sub: Any) -> None:
         r.add_argument("--remote-key", help="client key (PEM) for mutual TLS")
         r.add_argument("--remote-timeout", type=float, default=300.0,
                        help="seconds before the call gives up (DEADLINE_EXCEEDED)")
-        r.add_argument("--dialect", default="executor", help="MSCCL XML dialect (remote)")
+        r.add_argument("--max-size", help="with --remote: the upper end of a size range from "
+                       "--size; one MSCCL file per size bucket")
 
 
 # ---- serve -----------------------------------------------------------------------------------
@@ -120,10 +121,16 @@ def remote_synthesize(args: argparse.Namespace) -> int:
                             collective=Collective.parse(args.collective, "--collective"),
                             size=parse_size(args.size, "--size"), chunks=args.chunks,
                             root=args.root)]
-    tenants = [TenantRequest(s.name, s.ranks, s.collective, s.size, s.size, s.chunks, s.root,
-                             s.weight) for s in specs]
-    request = build_request(fabric, tenants, restarts=args.restarts, seed=args.seed,
-                            dialect=args.dialect)
+    top = parse_size(args.max_size, "--max-size") if getattr(args, "max_size", None) else 0
+    tenants = [TenantRequest(s.name, s.ranks, s.collective, s.size, max(top, s.size), s.chunks,
+                             s.root, s.weight) for s in specs]
+    engine = getattr(args, "engine", "greedy")
+    request = build_request(
+        fabric, tenants, restarts=args.restarts, seed=args.seed,
+        dialect=getattr(args, "dialect", ""), instances=getattr(args, "instances", 0),
+        proto=getattr(args, "proto", ""),
+        deadline_seconds=0.0 if engine == "greedy" else getattr(args, "deadline", 0.0))
+    request.options.engine = engine
     try:
         channel = open_channel(args.remote, ca=args.remote_ca, cert=args.remote_cert,
                                key=args.remote_key)
@@ -135,22 +142,26 @@ def remote_synthesize(args: argparse.Namespace) -> int:
         except grpc.RpcError as err:
             raise ChoreoError(_describe(args.remote, err, details_of(err))) from None
     ok = print_response(response)
+    xml: dict[str, Any] = {}
+    for t in response.tenants:
+        for c in t.collectives:
+            for b in c.buckets:
+                data = bucket_xml(b).encode()
+                xml[b.file_name] = lambda data=data: data
+    msccl_out = getattr(args, "msccl_out", None)
+    if msccl_out:
+        write_all(Path(msccl_out), xml)
+        console.print(f"wrote {', '.join(xml)} to {msccl_out}")
     if args.out:
         from google.protobuf.json_format import MessageToDict
 
-        files: dict[str, Any] = {}
-        for t in response.tenants:
-            for c in t.collectives:
-                for b in c.buckets:
-                    data = bucket_xml(b).encode()
-                    files[b.file_name] = lambda data=data: data
         summary = MessageToDict(response)
         for t in summary.get("tenants", []):
             for c in t.get("collectives", []):
                 for b in c.get("buckets", []):
                     b.pop("xml", None)
                     b.pop("xmlGzip", None)
-        files["summary.json"] = lambda: json.dumps(summary, indent=2).encode()
+        files = {**xml, "summary.json": lambda: json.dumps(summary, indent=2).encode()}
         write_all(Path(args.out), files)
         console.print(f"wrote {', '.join(files)} to {args.out}")
     return 0 if ok else 1
