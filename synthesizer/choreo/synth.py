@@ -21,7 +21,7 @@ import numpy as np
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError, InputError
 from choreo.schedule import Op, Schedule
-from choreo.topology import Topology
+from choreo.topology import Link, Topology
 from choreo.transforms import restrict
 
 # Each chunk should be large against alpha * bandwidth, or per-transfer latency dominates.
@@ -84,17 +84,23 @@ def synthesize(
     opts = options or SynthOptions()
     demands = tuple(demands)
     check_demands(fabric, demands, opts.relay)
-    members = {r for d in demands for r in d.ranks}
-    views = [restrict(t, members, opts.relay) for t in _logical_views(fabric, opts)]
+    views = _logical_views(fabric, demands, opts)
     # The engine releases the GIL, so the unwinding candidates run side by side.
     with ThreadPoolExecutor(max_workers=min(len(views), os.cpu_count() or 1)) as pool:
         results = list(pool.map(lambda view: _synthesize_on(fabric, view, demands, opts), views))
     return min(results, key=lambda s: s.makespan)
 
 
-def _logical_views(fabric: Topology, opts: SynthOptions) -> list[Topology]:
+def _logical_views(fabric: Topology, demands: tuple[Demand, ...],
+                   opts: SynthOptions) -> list[Topology]:
+    """Switch-free graphs to match on: the fabric, or its unwindings for a few degrees.
+
+    Without relaying each tenant's switch ports are unwound among its own NPUs (when tenants
+    do not share NPUs), so no logical link of one tenant leads through another's NPUs.
+    """
+    members = {r for d in demands for r in d.ranks}
     if not fabric.switches:
-        return [fabric]
+        return [restrict(fabric, members, opts.relay)]
     from choreo.unwind import candidate_degrees, unwind
 
     ports = max(
@@ -105,7 +111,27 @@ def _logical_views(fabric: Topology, opts: SynthOptions) -> list[Topology]:
     if not opts.degrees and len(fabric.npus) > LARGE_FABRIC:
         # Each try is a full synthesis; on large fabrics the sparse unwindings always win.
         degrees = tuple(d for d in degrees if d <= 2) or degrees[:1]
-    return [unwind(fabric, d) for d in degrees]
+    disjoint = sum(d.n for d in demands) == len(members)
+    if opts.relay or not disjoint or len(demands) == 1:
+        restricted = restrict(fabric, members, opts.relay)
+        return [unwind(restricted, d) for d in degrees]
+    return [_per_tenant_unwinding(fabric, demands, d, unwind) for d in degrees]
+
+
+def _per_tenant_unwinding(fabric: Topology, demands: tuple[Demand, ...], degree: int,
+                          unwind: Callable[[Topology, int], Topology]) -> Topology:
+    links: list[Link] = []
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    name = fabric.name
+    for d in demands:
+        view = unwind(restrict(fabric, d.ranks, relay=False), degree)
+        name = view.name
+        for link in view.links:
+            key = (link.src, link.dst, link.via)
+            if link.healthy and key not in seen:
+                seen.add(key)
+                links.append(link)
+    return fabric.with_links(links, name=f"{name}/per-tenant")
 
 
 # ---- one synthesis on a switch-free logical topology --------------------------------------
@@ -226,6 +252,7 @@ def _run(topology: Topology, usable: np.ndarray, demands: tuple[Demand, ...], ch
             np.array([weights.index(d.weight) for d in demands], dtype=np.uint32),
             chunks.column(0), holder_ptr, chunks.column(3), chunks.column(4),
             target_ptr, chunks.column(6), seeds, opts.replacement,
+            **({} if opts.relay else _members(demands)),
         )
     except ValueError as err:
         raise InfeasibleError(f"synthesis on {topology.name}: {err}") from None
@@ -233,6 +260,13 @@ def _run(topology: Topology, usable: np.ndarray, demands: tuple[Demand, ...], ch
     if reverse:
         plan["src"], plan["dst"] = plan["dst"], plan["src"]
     return plan
+
+
+def _members(demands: tuple[Demand, ...]) -> dict[str, np.ndarray]:
+    """Per tenant, the only NPUs that may forward its chunks (relaying disabled)."""
+    ptr = np.concatenate([[0], np.cumsum([d.n for d in demands])]).astype(np.uint64)
+    nodes = np.concatenate([np.asarray(d.ranks, dtype=np.uint32) for d in demands])
+    return {"member_ptr": ptr, "member_node": nodes}
 
 
 def _to_schedule(fabric: Topology, topology: Topology, demands: tuple[Demand, ...],

@@ -169,3 +169,23 @@ def test_auto_chunks_grow_with_size_and_stay_bounded():
     bcast = auto_chunks(fabric, Collective.BROADCAST, 1 << 30, 16)
     assert small == 1 and small < large <= 8
     assert bcast > large
+
+
+@pytest.mark.parametrize("name", ["dgx-h100-2", "switch-8", "3d-rfs-16"])
+def test_joint_tenants_without_relay_stay_on_their_own_npus(name: str):
+    """Interleaved tenants on shared switches: each one's data only touches its own NPUs,
+    so each schedule is something its own MSCCL communicator can run."""
+    from choreo import msccl
+
+    fabric = build(name)
+    a, b = tuple(fabric.npus[0::2]), tuple(fabric.npus[1::2])
+    demands = [Demand(Collective.ALLREDUCE, a, 16 * MIB, 2, name="a"),
+               Demand(Collective.ALLGATHER, b, 16 * MIB, 2, name="b")]
+    sched = synthesize(fabric, demands, SynthOptions(restarts=1, relay=False))
+    verdict = verify(sched)
+    assert verdict.ok, verdict.errors[:5]
+    for t, d in enumerate(demands):
+        mine = sched.tenant == t
+        touched = set(sched.src[mine].tolist()) | set(sched.dst[mine].tolist())
+        assert touched <= set(d.ranks)
+        assert msccl.run(msccl.to_xml(sched, t)).ok

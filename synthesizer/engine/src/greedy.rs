@@ -41,6 +41,9 @@ pub struct Problem {
     /// CSR: the nodes that must hold each chunk at the end.
     pub target_ptr: Vec<usize>,
     pub target_node: Vec<u32>,
+    /// CSR per tenant: the only nodes that may relay the tenant's chunks. Empty: any node.
+    pub member_ptr: Vec<usize>,
+    pub member_node: Vec<u32>,
 }
 
 /// The transfers of one synthesized schedule, as columns.
@@ -135,7 +138,7 @@ struct State<'a> {
     events: BinaryHeap<Event>,
     remaining: usize,
     relays: bool,
-    hops: Vec<u16>,
+    hops: Vec<HopTable>,
 }
 
 impl<'a> State<'a> {
@@ -148,8 +151,12 @@ impl<'a> State<'a> {
         &self.p.target_node[self.p.target_ptr[chunk]..self.p.target_ptr[chunk + 1]]
     }
 
-    fn hop(&self, a: usize, b: usize) -> u16 {
-        self.hops[a * self.p.num_nodes + b]
+    /// Hops from `a` to `b` within the nodes allowed to carry `chunk` (u16::MAX: not allowed).
+    fn hop(&self, chunk: usize, a: usize, b: usize) -> u16 {
+        let table = if self.hops.len() == 1 { &self.hops[0] } else {
+            &self.hops[self.p.chunk_tenant[chunk] as usize]
+        };
+        table.get(a, b)
     }
 
     fn gain(&mut self, node: usize, chunk: usize, time: f64) -> bool {
@@ -332,7 +339,8 @@ impl<'a> State<'a> {
     fn useful_relay(&self, u: usize, v: usize, chunk: usize) -> bool {
         self.targets(chunk).iter().any(|&d| {
             let d = d as usize;
-            !self.have.get(d, chunk) && !self.inflight.get(d, chunk) && self.hop(v, d) < self.hop(u, d)
+            let closer = self.hop(chunk, v, d) < self.hop(chunk, u, d);
+            closer && !self.have.get(d, chunk) && !self.inflight.get(d, chunk)
         })
     }
 
@@ -411,36 +419,80 @@ fn fast_islands(p: &Problem, key: &[f64]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Hop distances between all nodes over the problem's links (BFS from every node).
-fn all_pairs_hops(p: &Problem) -> Vec<u16> {
-    let n = p.num_nodes;
-    let mut inc: Vec<Vec<u32>> = vec![Vec::new(); n];
-    for (s, d) in p.link_src.iter().zip(&p.link_dst) {
-        inc[*d as usize].push(*s);
-    }
-    let mut hops = vec![u16::MAX; n * n];
-    let mut queue = Vec::with_capacity(n);
-    for target in 0..n {
-        // distances *to* target: BFS over reversed links
-        let row = |a: usize| a * n + target;
-        hops[row(target)] = 0;
-        queue.clear();
-        queue.push(target);
-        let mut head = 0;
-        while head < queue.len() {
-            let x = queue[head];
-            head += 1;
-            let dx = hops[row(x)];
-            for &s in &inc[x] {
-                let s = s as usize;
-                if hops[row(s)] == u16::MAX {
-                    hops[row(s)] = dx + 1;
-                    queue.push(s);
+/// Hop distances among a set of nodes, over the links joining two of them.
+struct HopTable {
+    local: Vec<u32>,
+    size: usize,
+    hops: Vec<u16>,
+}
+
+impl HopTable {
+    /// BFS from every node of `nodes` (all nodes when None) over links inside the set.
+    fn new(p: &Problem, nodes: Option<&[u32]>) -> Self {
+        let n = p.num_nodes;
+        let mut local = vec![NONE; n];
+        let size = match nodes {
+            Some(list) => {
+                for (i, &x) in list.iter().enumerate() {
+                    local[x as usize] = i as u32;
+                }
+                list.len()
+            }
+            None => {
+                for (i, x) in local.iter_mut().enumerate() {
+                    *x = i as u32;
+                }
+                n
+            }
+        };
+        // reversed adjacency in local ids, so a BFS from a target gives distances *to* it
+        let mut inc: Vec<Vec<u32>> = vec![Vec::new(); size];
+        for (s, d) in p.link_src.iter().zip(&p.link_dst) {
+            let (ls, ld) = (local[*s as usize], local[*d as usize]);
+            if ls != NONE && ld != NONE {
+                inc[ld as usize].push(ls);
+            }
+        }
+        let mut hops = vec![u16::MAX; size * size];
+        let mut queue = Vec::with_capacity(size);
+        for target in 0..size {
+            hops[target * size + target] = 0;
+            queue.clear();
+            queue.push(target as u32);
+            let mut head = 0;
+            while head < queue.len() {
+                let x = queue[head] as usize;
+                head += 1;
+                let dx = hops[x * size + target];
+                for &s in &inc[x] {
+                    let cell = s as usize * size + target;
+                    if hops[cell] == u16::MAX {
+                        hops[cell] = dx + 1;
+                        queue.push(s);
+                    }
                 }
             }
         }
+        HopTable { local, size, hops }
     }
-    hops
+
+    fn get(&self, a: usize, b: usize) -> u16 {
+        let (la, lb) = (self.local[a], self.local[b]);
+        if la == NONE || lb == NONE {
+            return u16::MAX;
+        }
+        self.hops[la as usize * self.size + lb as usize]
+    }
+}
+
+/// One table over all nodes, or one per tenant when relays are limited to its members.
+fn hop_tables(p: &Problem) -> Vec<HopTable> {
+    if p.member_ptr.is_empty() {
+        return vec![HopTable::new(p, None)];
+    }
+    (0..p.tenant_bytes.len())
+        .map(|t| HopTable::new(p, Some(&p.member_node[p.member_ptr[t]..p.member_ptr[t + 1]])))
+        .collect()
 }
 
 fn check(p: &Problem) -> Result<(), String> {
@@ -461,11 +513,18 @@ fn check(p: &Problem) -> Result<(), String> {
     if *p.target_ptr.last().unwrap() != p.target_node.len() {
         return Err("target columns are inconsistent".into());
     }
+    if !p.member_ptr.is_empty()
+        && (p.member_ptr.len() != p.tenant_bytes.len() + 1
+            || *p.member_ptr.last().unwrap() != p.member_node.len())
+    {
+        return Err("member pointers must have one entry per tenant plus one".into());
+    }
     if p.tenant_class.len() != p.tenant_bytes.len() {
         return Err("tenant columns differ in length".into());
     }
     let n = p.num_nodes as u32;
-    if p.link_src.iter().chain(&p.link_dst).chain(&p.holder_node).chain(&p.target_node).any(|&x| x >= n) {
+    let nodes = [&p.link_src, &p.link_dst, &p.holder_node, &p.target_node, &p.member_node];
+    if nodes.iter().any(|column| column.iter().any(|&x| x >= n)) {
         return Err("a node id is out of range".into());
     }
     if p.chunk_tenant.iter().any(|&t| t as usize >= p.tenant_bytes.len()) {
@@ -559,7 +618,7 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
         events: BinaryHeap::new(),
         remaining: 0,
         relays,
-        hops: if relays { all_pairs_hops(p) } else { Vec::new() },
+        hops: if relays { hop_tables(p) } else { Vec::new() },
     };
     st.remaining = p.target_node.len();
     for c in 0..k {
@@ -774,6 +833,8 @@ mod tests {
             holder_time: vec![0.0; n],
             target_ptr: (0..=n).map(|c| c * n).collect(),
             target_node: (0..n).flat_map(|_| 0..n as u32).collect(),
+            member_ptr: Vec::new(),
+            member_node: Vec::new(),
         }
     }
 
@@ -835,6 +896,31 @@ mod tests {
         let plan = synthesize(&p, OPT).unwrap();
         // chunk 0 needs 3 hops, chunk 1 two, chunk 2 one: 6 transfers, none wasted
         assert_eq!(plan.chunk.len(), 6);
+        assert_eq!(plan.makespan, 3.0);
+    }
+
+    #[test]
+    fn relays_stay_inside_the_tenant_when_members_are_given() {
+        // Line 0-1-2-3 (the tenant) gathering to node 3, plus a shortcut 0 -> 4 -> 3 through
+        // node 4, which belongs to someone else.
+        let mut links = vec![(0, 4, 1.0), (4, 3, 1.0)];
+        for (a, b) in [(0u32, 1u32), (1, 2), (2, 3)] {
+            links.push((a, b, 1.0));
+            links.push((b, a, 1.0));
+        }
+        let mut p = allgather(5, &links, 1.0);
+        p.chunk_tenant = vec![0; 4];
+        p.holder_ptr = (0..=4).collect();
+        p.holder_node = (0..4).collect();
+        p.holder_time = vec![0.0; 4];
+        p.target_ptr = (0..=4).collect();
+        p.target_node = vec![3; 4];
+        let free = synthesize(&p, OPT).unwrap();
+        assert!(free.src.contains(&4), "the shortcut is used when anyone may relay");
+        p.member_ptr = vec![0, 4];
+        p.member_node = vec![0, 1, 2, 3];
+        let plan = synthesize(&p, OPT).unwrap();
+        assert!(plan.src.iter().chain(&plan.dst).all(|&x| x != 4));
         assert_eq!(plan.makespan, 3.0);
     }
 }

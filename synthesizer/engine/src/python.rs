@@ -20,7 +20,7 @@ fn vec<T: numpy::Element + Copy>(a: &PyReadonlyArray1<T>) -> Vec<T> {
     num_nodes, link_src, link_dst, link_alpha, link_bandwidth, link_free_at,
     tenant_bytes, tenant_class, chunk_tenant,
     holder_ptr, holder_node, holder_time, target_ptr, target_node,
-    seeds, replacement = true, exclusive = true
+    seeds, replacement = true, exclusive = true, member_ptr = None, member_node = None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn greedy<'py>(
@@ -42,6 +42,8 @@ fn greedy<'py>(
     seeds: Vec<u64>,
     replacement: bool,
     exclusive: bool,
+    member_ptr: Option<PyReadonlyArray1<'py, u64>>,
+    member_node: Option<PyReadonlyArray1<'py, u32>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let problem = Problem {
         num_nodes,
@@ -58,6 +60,8 @@ fn greedy<'py>(
         holder_time: vec(&holder_time),
         target_ptr: target_ptr.as_array().iter().map(|&x| x as usize).collect(),
         target_node: vec(&target_node),
+        member_ptr: member_ptr.map(|a| a.as_array().iter().map(|&x| x as usize).collect()).unwrap_or_default(),
+        member_node: member_node.map(|a| vec(&a)).unwrap_or_default(),
     };
     let (plan, makespans, seed) = py
         .detach(|| synthesize_best(&problem, &seeds, Options { seed: 0, replacement, exclusive }))
