@@ -57,6 +57,33 @@ def test_ok_returns_xml_predictions_and_verdict_per_bucket(served: Running) -> N
             > coll.buckets[0].prediction.algbw_bytes_per_second)
 
 
+def test_several_tenants_and_collectives_share_one_fabric(served: Running) -> None:
+    from choreo import msccl
+
+    fabric = build("3d-rfs-16")
+    request = build_request(fabric, [
+        TenantRequest("train", list(range(8)), "allreduce", 1 << 20, 256 << 20, weight=2.0),
+        TenantRequest("infer", list(range(15, 7, -1)), "allgather", 4 << 20),
+    ], max_buckets=3)
+    request.tenants[0].collectives.add(collective="reducescatter", min_bytes=8 << 20)
+    resp = served.client.synthesize(request, timeout=120)
+    train, infer = resp.tenants
+    assert (train.name, infer.name) == ("train", "infer")
+    assert [c.collective for c in train.collectives] == ["allreduce", "reducescatter"]
+    assert [len(c.buckets) for c in train.collectives] == [3, 1]
+    assert [c.collective for c in infer.collectives] == ["allgather"]
+    assert len(infer.collectives[0].buckets) == 1
+    for t in resp.tenants:
+        for c in t.collectives:
+            for b in c.buckets:
+                assert b.verification.ok and b.prediction.time_seconds > 0
+                assert msccl.validate(b.xml) == [], b.file_name
+                assert 'ngpus="8"' in b.xml
+    files = [b.file_name for t in resp.tenants for c in t.collectives for b in c.buckets]
+    assert len(set(files)) == len(files)
+    assert files[0].startswith("0-allreduce-train") and files[3].startswith("1-reducescatter")
+
+
 def test_gzip_encoding_carries_the_same_xml_smaller(served: Running) -> None:
     plain = served.client.synthesize(quick_request("gz", seed=17), timeout=120)
     request = quick_request("gz", seed=17)

@@ -2,8 +2,8 @@
 
 Requests arrive as raw bytes and responses leave as bytes: a malformed message is then our
 INVALID_ARGUMENT rather than gRPC's generic INTERNAL, and a cached answer is sent exactly as
-stored. The one difference between a cached and a fresh answer, ``cache_hit``, is appended as
-an extra field: protobuf decoders let the last occurrence of a field win.
+stored. The one difference between a cached and a fresh answer, ``cache_hit``, is appended to
+the stored bytes as an extra field: protobuf decoders let the last occurrence of a field win.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class Synthesizer:
             cached = self.cache.get(known[0])
             if cached is not None:
                 self.metrics.cache_hits.inc()
-                return _Started(cached=cached + CACHE_HIT_FIELD)
+                return _Started(cached=cached)
         try:
             req = pb.SynthesizeRequest.FromString(raw)
         except DecodeError as err:
@@ -190,7 +190,7 @@ class Synthesizer:
         cached = self.cache.get(key)
         if cached is not None:
             self.metrics.cache_hits.inc()
-            return _Started(cached=cached + CACHE_HIT_FIELD)
+            return _Started(cached=cached)
         self.metrics.cache_misses.inc()
         check_against(fabric, tenants)
         deadline = _deadline(context, hint)
@@ -237,7 +237,7 @@ class Synthesizer:
         if job.error is not None:
             raise job.error
         assert job.result is not None
-        self.cache.put(started.key, job.result)
+        self.cache.put(started.key, job.result + CACHE_HIT_FIELD)  # stored as a hit is sent
         self.metrics.cache_bytes.set(self.cache.size)
         return job.result
 

@@ -99,11 +99,13 @@ def _run(work: Work, say: Say) -> bytes:
             files = _lower(solved[(i, j)], members.index(i), work, f"tenants[{i}].collectives[{j}]")
             done += len(solved[(i, j)])
             res = out.collectives.add(collective=c.collective.value)
+            # The lowering names files after the tenant; keep a tenant's collectives apart.
+            prefix = f"{j}-{c.collective.value}-" if len(t.collectives) > 1 else ""
             for s, (file_name, xml) in zip(solved[(i, j)], files, strict=True):
                 bucket = res.buckets.add(
                     min_bytes=s.bucket.lo, max_bytes=s.bucket.hi,
                     representative_bytes=s.bucket.size, chunks=s.bucket.chunks,
-                    file_name=file_name, prediction=s.prediction,
+                    file_name=prefix + file_name, prediction=s.prediction,
                     verification=s.verification, engine=s.schedule.engine)
                 if opts.gzip:
                     bucket.xml_gzip = gzip.compress(xml.encode(), compresslevel=6, mtime=0)
