@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -120,6 +120,9 @@ def _logical_views(fabric: Topology, demands: tuple[Demand, ...],
 
 def _per_tenant_unwinding(fabric: Topology, demands: tuple[Demand, ...], degree: int,
                           unwind: Callable[[Topology, int], Topology]) -> Topology:
+    """Each tenant's own unwinding, merged; physical links that several tenants' logical links
+    ride on (a NIC uplink shared by two jobs' GPUs) are split between them so that no physical
+    link carries more than its bandwidth."""
     links: list[Link] = []
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     name = fabric.name
@@ -131,7 +134,15 @@ def _per_tenant_unwinding(fabric: Topology, demands: tuple[Demand, ...], degree:
             if link.healthy and key not in seen:
                 seen.add(key)
                 links.append(link)
-    return fabric.with_links(links, name=f"{name}/per-tenant")
+    load = np.zeros(len(fabric.links))
+    for link in links:
+        for p in link.via:
+            load[p] += link.bandwidth
+    capacity = np.array([lk.bandwidth for lk in fabric.links])
+    factor = np.minimum(1.0, np.divide(capacity, load, out=np.ones_like(load), where=load > 0))
+    scaled = [replace(link, bandwidth=link.bandwidth * float(min(factor[p] for p in link.via)))
+              if link.via else link for link in links]
+    return fabric.with_links(scaled, name=f"{name}/per-tenant")
 
 
 # ---- one synthesis on a switch-free logical topology --------------------------------------

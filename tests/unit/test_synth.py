@@ -189,3 +189,25 @@ def test_joint_tenants_without_relay_stay_on_their_own_npus(name: str):
         touched = set(sched.src[mine].tolist()) | set(sched.dst[mine].tolist())
         assert touched <= set(d.ranks)
         assert msccl.run(msccl.to_xml(sched, t)).ok
+
+
+def test_tenants_sharing_a_nic_uplink_split_it():
+    """Two hosts, two GPUs each behind one NIC on a rail switch; the tenants are the GPU 0s and
+    the GPU 1s, so both jobs' traffic crosses every NIC uplink."""
+    from choreo.topology import NodeKind, Topology, duplex
+
+    gpu, nic = NodeKind.NPU, NodeKind.SWITCH
+    kinds = (gpu, gpu, gpu, gpu, nic, nic, nic)  # 4, 5: host NICs; 6: rail switch
+    links = [*duplex(0, 4, 1e-6, 32e9, "pcie"), *duplex(1, 4, 1e-6, 32e9, "pcie"),
+             *duplex(2, 5, 1e-6, 32e9, "pcie"), *duplex(3, 5, 1e-6, 32e9, "pcie"),
+             *duplex(4, 6, 1e-6, 50e9, "ib"), *duplex(5, 6, 1e-6, 50e9, "ib")]
+    fabric = Topology("two-hosts", kinds, tuple(links),
+                      names=("h0/gpu0", "h0/gpu1", "h1/gpu0", "h1/gpu1", "h0/nic", "h1/nic", "rail"))
+    demands = [Demand(Collective.ALLREDUCE, (0, 2), 16 * MIB, 2, name="a"),
+               Demand(Collective.ALLREDUCE, (1, 3), 16 * MIB, 2, name="b")]
+    sched = synthesize(fabric, demands, SynthOptions(restarts=1, relay=False))
+    verdict = verify(sched)  # checks that fractional shares never exceed a physical link
+    assert verdict.ok, verdict.errors[:5]
+    uplink = next(i for i, lk in enumerate(fabric.links) if (lk.src, lk.dst) == (4, 6))
+    riding = [lk.bandwidth for lk in sched.topology.links if uplink in lk.via]
+    assert len(riding) == 2 and sum(riding) <= 50e9 * (1 + 1e-9)
