@@ -280,12 +280,22 @@ def test_failed_npu_is_failed_precondition(served: Running) -> None:
     assert details_of(err)["ErrorInfo"].reason == "NPU_FAILED"  # type: ignore[attr-defined]
 
 
-def test_request_over_the_size_limit_is_refused(served: Running) -> None:
+def test_request_over_the_size_limit_is_refused_by_the_server(served: Running) -> None:
     big = quick_request("big")
     big.fabric.name = "x" * (65 << 20)
-    err = _fail(served, big)
+    # a client that would send it, so the refusal is the server's
+    with grpc.insecure_channel(served.address, options=[
+            ("grpc.max_send_message_length", 128 << 20)]) as channel:
+        call = channel.unary_unary("/choreo.synthesizer.v1.Synthesizer/Synthesize",
+                                   request_serializer=pb.SynthesizeRequest.SerializeToString,
+                                   response_deserializer=pb.SynthesizeResponse.FromString)
+        with pytest.raises(grpc.RpcError) as info:
+            call(big, timeout=60)
+    err = info.value
     assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "larger than max" in err.details()
+    assert "Received message larger than max" in err.details()
+    ok = served.client.synthesize(quick_request("after-big", seed=21), timeout=120)
+    assert ok.tenants[0].collectives[0].buckets[0].verification.ok
 
 
 def test_server_keeps_serving_while_bad_requests_pour_in(served: Running) -> None:

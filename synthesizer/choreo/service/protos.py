@@ -8,6 +8,7 @@ version) changes, so a fresh checkout needs only ``python -m choreo.service.prot
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
 import os
@@ -95,10 +96,21 @@ def generate() -> Path:
 
 
 def ensure() -> None:
-    """Generate the modules if they are missing or stale (thread-safe)."""
-    with _lock:
-        if is_stale():
-            generate()
+    """Generate the modules if they are missing or stale.
+
+    Safe across threads and processes (a server and its workers, or parallel test runs
+    starting on a fresh checkout): generation happens under a file lock, and the staleness
+    check is repeated once the lock is held.
+    """
+    if not is_stale():
+        return
+    with _lock, open(GEN_DIR.parent / ".gen.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if is_stale():
+                generate()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def main() -> int:
