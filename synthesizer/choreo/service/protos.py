@@ -41,12 +41,12 @@ def _stamp() -> str:
 
 
 def is_stale() -> bool:
-    stamp = GEN_DIR / ".stamp"
-    if not (GEN_DIR / f"{MODULE}_pb2.py").exists() or not stamp.exists():
+    if not (GEN_DIR / f"{MODULE}_pb2.py").exists():
         return True
     if not (PROTO_ROOT / PROTO_FILE).exists():
-        return False  # installed without sources: the shipped modules are all there is
-    return stamp.read_text().strip() != _stamp()
+        return False  # installed from a wheel: the modules built into it are all there is
+    stamp = GEN_DIR / ".stamp"
+    return not stamp.exists() or stamp.read_text().strip() != _stamp()
 
 
 def generate() -> Path:
