@@ -29,7 +29,9 @@ $(VENV)/.deps: pyproject.toml | $(BIN)/python
 engine: $(VENV)/.deps
 	$(BIN)/maturin develop --release --quiet -m synthesizer/engine/Cargo.toml
 
+# gRPC modules are generated from the proto (never committed).
 setup: system-deps engine
+	$(BIN)/python -m choreo.service.protos
 
 # Kubernetes control-plane binaries for the end-to-end tests, built once and cached per version.
 cluster-binaries: $(VENV)/.deps

@@ -26,6 +26,7 @@ from choreo.errors import ChoreoError, InputError
 from choreo.msccl import cli as msccl_cli
 from choreo.report import Evaluation, evaluate
 from choreo.schedule import Schedule
+from choreo.service import cli as service_cli
 from choreo.topology import Topology
 from choreo_agents import cli as agent_cli
 from choreo_operator import cli as operator_cli
@@ -57,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="choreo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="choreo", description="Topology-aware collective synthesis for GPU/NPU clusters: "
+        "synthesize and check schedules, and run the operator, synthesizer service and agent.")
     sub = p.add_subparsers(metavar="COMMAND")
 
     s = sub.add_parser("synthesize", help="synthesize a collective schedule for a topology")
@@ -105,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     msccl_cli.register(sub)
     agent_cli.register(sub)
     operator_cli.register(sub)
+    service_cli.register(sub)
     return p
 
 
@@ -141,6 +145,8 @@ def build_demands(args: argparse.Namespace, fabric: Topology) -> tuple[list[Dema
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
+    if getattr(args, "remote", None):
+        return service_cli.remote_synthesize(args)
     from choreo.synth import SynthOptions, synthesize
 
     if args.restarts < 1:
