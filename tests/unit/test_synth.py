@@ -201,8 +201,8 @@ def test_tenants_sharing_a_nic_uplink_split_it():
     links = [*duplex(0, 4, 1e-6, 32e9, "pcie"), *duplex(1, 4, 1e-6, 32e9, "pcie"),
              *duplex(2, 5, 1e-6, 32e9, "pcie"), *duplex(3, 5, 1e-6, 32e9, "pcie"),
              *duplex(4, 6, 1e-6, 50e9, "ib"), *duplex(5, 6, 1e-6, 50e9, "ib")]
-    fabric = Topology("two-hosts", kinds, tuple(links),
-                      names=("h0/gpu0", "h0/gpu1", "h1/gpu0", "h1/gpu1", "h0/nic", "h1/nic", "rail"))
+    names = ("h0/gpu0", "h0/gpu1", "h1/gpu0", "h1/gpu1", "h0/nic", "h1/nic", "rail")
+    fabric = Topology("two-hosts", kinds, tuple(links), names=names)
     demands = [Demand(Collective.ALLREDUCE, (0, 2), 16 * MIB, 2, name="a"),
                Demand(Collective.ALLREDUCE, (1, 3), 16 * MIB, 2, name="b")]
     sched = synthesize(fabric, demands, SynthOptions(restarts=1, relay=False))
