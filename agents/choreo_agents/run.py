@@ -172,7 +172,8 @@ def _sim_backend(args: argparse.Namespace, api: KubeApi | None) -> Backend:
     if args.fabric_node is None and len(prefixes) > 1 and args.node not in prefixes:
         where = _fabric_position(api, args.node)
     try:
-        return SimBackend(topo, where, noise=args.noise, script=script, seed=args.seed)
+        return SimBackend(topo, where, noise=args.noise, script=script, seed=args.seed,
+                          script_path=args.script)
     except BackendError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -161,6 +161,26 @@ def test_bad_scripts_name_the_field(doc: object, message: str) -> None:
         parse_script(doc, "s.yaml")
 
 
+def test_edited_script_is_reloaded_and_past_events_apply_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "faults.yaml"
+    path.write_text("events: []\n")
+    now = [10.0]
+    sim = SimBackend(build("dgx1"), "n", script=load_script(path), clock=lambda: now[0],
+                     script_path=path)
+    inv = sim.discover()
+    assert all(sim.health(inv).gpu_present.values())
+    path.write_text("events:\n  - {at: 0s, gpu-lost: 3}\n")
+    assert sim.health(inv).gpu_present[3] is False
+    # a broken edit keeps the previous script
+    path.write_text("events: [\n")
+    assert sim.health(inv).gpu_present[3] is False
+    # an edit naming a device the node lacks is refused too
+    path.write_text("events:\n  - {at: 0s, gpu-lost: 99}\n")
+    assert sim.health(inv).gpu_present[3] is False
+    path.write_text("events:\n  - {at: 0s, gpu-lost: 3}\n  - {at: 0s, gpu-back: 3}\n")
+    assert sim.health(inv).gpu_present[3] is True
+
+
 def test_script_files(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("events:\n  - {at: 500ms, nic-down: mlx5_0}\n")

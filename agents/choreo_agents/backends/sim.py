@@ -11,6 +11,8 @@ switch, another node's GPU) leaves through a NIC.
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -20,9 +22,11 @@ import numpy as np
 
 from choreo.topology import NodeKind, Topology
 from choreo_agents.backends import BackendError, RawHealth
-from choreo_agents.backends.script import Script
+from choreo_agents.backends.script import Script, ScriptError, load_script
 from choreo_agents.model import Gpu, Inventory, LinkSpec, Nic, Peer
 from choreo_agents.probes import DEFAULT_REPEATS, DEFAULT_SIZES, ProbeError, Samples
+
+log = logging.getLogger(__name__)
 
 OUTLIER_PROBABILITY = 0.02
 """Share of simulated transfers slowed 2-6x, as a preempted or contended copy would be."""
@@ -143,6 +147,7 @@ class SimBackend:
         sizes: Sequence[float] = DEFAULT_SIZES,
         repeats: int = DEFAULT_REPEATS,
         clock: Callable[[], float] | None = None,
+        script_path: str | os.PathLike[str] | None = None,
     ) -> None:
         if noise < 0:
             raise BackendError(f"noise must be >= 0, got {noise}")
@@ -158,11 +163,44 @@ class SimBackend:
         self._last_poll = -1.0
         name_seed = int.from_bytes(hashlib.sha256(str(node).encode()).digest()[:4], "big")
         self._rng = np.random.default_rng([seed, name_seed])
+        self._script_path = script_path
+        self._script_stamp = self._stamp()
+
+    def _stamp(self) -> tuple[int, int] | None:
+        if self._script_path is None:
+            return None
+        try:
+            st = os.stat(self._script_path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def _reload(self) -> None:
+        """Pick up an edited script file, so faults can be injected into a running agent.
+
+        The new script replays from the agent's start, so events whose time has passed apply
+        at once. A script that no longer parses is logged and the previous one kept: a typo
+        must not kill the node's agent.
+        """
+        stamp = self._stamp()
+        if stamp is None or stamp == self._script_stamp:
+            return
+        self._script_stamp = stamp
+        assert self._script_path is not None
+        try:
+            script = load_script(self._script_path)
+            _check_script(script, self.inventory)
+        except (ScriptError, BackendError) as exc:
+            log.warning("fault script not reloaded, keeping the previous one: %s", exc)
+            return
+        self.script = script
+        log.info("fault script reloaded: %d event(s)", len(script.events))
 
     def discover(self) -> Inventory:
         return self.inventory
 
     def health(self, inventory: Inventory) -> RawHealth:
+        self._reload()
         now = self._clock()
         state = self.script.state_at(now)
         raw = RawHealth()
