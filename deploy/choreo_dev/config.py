@@ -23,6 +23,9 @@ SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTEXT = "choreo-local"
 # The label kwok's chaos stage watches; setting it to "true" makes the node NotReady.
 NOT_READY_LABEL = "node-not-ready.stage.kwok.x-k8s.io"
+# A Job's pod with this label stays Running until deleted, as a training job's would; kwok
+# otherwise completes Job pods at once.
+KEEP_RUNNING_LABEL = "choreo.dev/keep-running"
 
 
 def server_url(ports: Mapping[str, int]) -> str:
@@ -168,6 +171,8 @@ def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
 
 _LiteralDumper.add_representer(str, _str_presenter)
 
+_NOT_KEPT_RUNNING = {"key": f'.metadata.labels["{KEEP_RUNNING_LABEL}"]',
+                     "operator": "DoesNotExist"}
 _HEALTHY_ONLY = {"key": f'.metadata.labels["{NOT_READY_LABEL}"]', "operator": "DoesNotExist"}
 _NOT_YET_FAILED = {
     "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
@@ -182,13 +187,17 @@ def render_kwok_stages(documents: Sequence[str]) -> str:
     As shipped, the chaos stage re-posts a failed node's status about once a second and
     the initialise and heartbeat stages still match it, racing the failure by weight.
     Here the chaos stage fires once per failure and the other node stages only touch
-    nodes without the failure label, so a failed node is as silent as a dead one.
+    nodes without the failure label, so a failed node is as silent as a dead one. Job pods
+    labelled ``KEEP_RUNNING_LABEL`` are never completed, so a training Job can stay up.
     """
     stages: list[dict[str, Any]] = []
     for text in documents:
         stages.extend(doc for doc in yaml.safe_load_all(text) if doc)
     for stage in stages:
         spec = stage["spec"]
+        if stage["metadata"]["name"] == "pod-complete":
+            spec.setdefault("selector", {}).setdefault("matchExpressions", []).append(
+                dict(_NOT_KEPT_RUNNING))
         if spec["resourceRef"]["kind"] != "Node":
             continue
         expressions = spec.setdefault("selector", {}).setdefault("matchExpressions", [])

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from choreo_dev.config import (
+    KEEP_RUNNING_LABEL,
     NOT_READY_LABEL,
     component_args,
     render_kubeconfig,
@@ -132,6 +133,28 @@ def test_kwok_stages_let_a_label_fail_a_node() -> None:
 
     pod = by_name["pod-ready"]["spec"]["selector"]["matchExpressions"]
     assert len(pod) == 1
+
+
+POD_COMPLETE = """
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata: {name: pod-complete}
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.ownerReferences.[].kind', operator: In, values: [Job]}
+  next: {}
+"""
+
+
+def test_kwok_keeps_labelled_job_pods_running() -> None:
+    rendered = list(yaml.safe_load_all(render_kwok_stages([POD_READY, POD_COMPLETE])))
+    by_name = {s["metadata"]["name"]: s["spec"]["selector"]["matchExpressions"]
+               for s in rendered}
+    assert {"key": f'.metadata.labels["{KEEP_RUNNING_LABEL}"]',
+            "operator": "DoesNotExist"} in by_name["pod-complete"]
+    assert len(by_name["pod-ready"]) == 1
 
 
 def test_kwok_status_templates_stay_block_literals() -> None:
