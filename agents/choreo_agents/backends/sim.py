@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -147,7 +148,7 @@ class SimBackend:
         sizes: Sequence[float] = DEFAULT_SIZES,
         repeats: int = DEFAULT_REPEATS,
         clock: Callable[[], float] | None = None,
-        script_path: str | os.PathLike[str] | None = None,
+        script_path: str | Path | None = None,
     ) -> None:
         if noise < 0:
             raise BackendError(f"noise must be >= 0, got {noise}")
