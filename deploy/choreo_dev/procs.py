@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -63,7 +63,9 @@ def record_path(run_dir: Path, name: str) -> Path:
     return run_dir / f"{name}.json"
 
 
-def start(name: str, argv: Sequence[str], log_path: Path, run_dir: Path) -> subprocess.Popen[bytes]:
+def start(name: str, argv: Sequence[str], log_path: Path, run_dir: Path,
+          env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` in its own session with output to ``log_path`` and record its PID.
 
     The new session keeps the component alive after the CLI returns and away from the
@@ -79,6 +81,8 @@ def start(name: str, argv: Sequence[str], log_path: Path, run_dir: Path) -> subp
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            env={**os.environ, **env} if env else None,
+            cwd=cwd,
         )
     ticks = start_ticks(proc.pid) or 0
     rec = ProcRecord(name, proc.pid, ticks, tuple(argv), str(log_path))

@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,15 +17,11 @@ from pathlib import Path
 
 import yaml
 
+from choreo_dev.stack import free_port, operator_argv, port_open, synthesizer_argv
+
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"
 MANIFESTS = ROOT / "deploy" / "manifests"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -35,9 +29,8 @@ def wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes], log: Pat
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode}: {tail(log)}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if port_open(port):
+            return
         time.sleep(0.1)
     raise RuntimeError(f"port {port} did not open within {timeout:.0f} s: {tail(log)}")
 
@@ -89,10 +82,7 @@ def spawn(name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None 
 def start_synthesizer(log: Path, port: int | None = None, workers: int = 2) -> tuple[Proc, int]:
     """``choreo serve`` on a free loopback port, ready for requests."""
     port = port or free_port()
-    proc = spawn("synthesizer", [sys.executable, "-m", "choreo.service", "serve",
-                                 "--host", "127.0.0.1", "--port", str(port),
-                                 "--metrics-port", "-1", "--workers", str(workers),
-                                 "--warmup-topology", "", "--grace", "2"], log)
+    proc = spawn("synthesizer", synthesizer_argv(port, workers=workers), log)
     try:
         wait_port(port, 60.0, proc.popen, log)
     except Exception:
@@ -111,9 +101,7 @@ def start_operator(log: Path, kubeconfig: Path, synthesizer: str, cert_dir: Path
                    webhook: bool = True, extra: Sequence[str] = (),
                    ports: OperatorPorts | None = None) -> tuple[Proc, OperatorPorts]:
     ports = ports or OperatorPorts(free_port(), free_port() if webhook else 0)
-    argv = [sys.executable, "-m", "choreo_operator", "--kubeconfig", str(kubeconfig),
-            "--synthesizer", synthesizer, "--metrics-port", str(ports.metrics),
-            "--webhook-port", str(ports.webhook), "--webhook-cert-dir", str(cert_dir), *extra]
+    argv = operator_argv(kubeconfig, synthesizer, ports.metrics, ports.webhook, cert_dir, extra)
     proc = spawn("operator", argv, log)
     try:
         wait_port(ports.metrics, 60.0, proc.popen, log)

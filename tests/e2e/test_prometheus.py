@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -31,6 +29,15 @@ from choreo.dashboard.render import render
 from choreo.generators import build
 from choreo.service.client import Client, TenantRequest, build_request, open_channel
 from choreo.telemetry import Reporter, bus_factor
+from choreo_dev.stack import (
+    AgentOptions,
+    agent_argv,
+    free_port,
+    operator_argv,
+    prometheus_argv,
+    prometheus_config,
+    synthesizer_argv,
+)
 from choreo_dev.testing import LocalCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -54,12 +61,6 @@ FAMILIES = {
     "telemetry": ["choreo_measured_busbw_bytes_per_second",
                   "choreo_measured_algbw_bytes_per_second"],
 }
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -127,14 +128,6 @@ def http_ok(url: str) -> bool:
         return bool(resp.status == 200)
 
 
-def prometheus_config(targets: dict[str, list[str]]) -> dict[str, Any]:
-    """Static scrape jobs with the chart's monitor settings (tenant labels honoured)."""
-    jobs = [{"job_name": job, "honor_labels": True, "static_configs": [{"targets": addrs}]}
-            for job, addrs in targets.items()]
-    return {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": jobs}
-
-
 def tenant(cluster: LocalCluster, ns: str, nodes: list[str]) -> None:
     """A fabric over ``nodes`` and a CollectiveJob with one 4-GPU pod on each of them."""
     cluster.apply({"apiVersion": "choreo.dev/v1alpha1", "kind": "FabricTopology",
@@ -182,7 +175,6 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
     nodes = cluster.add_nodes(2, gpus=8, prefix="prom")
     ns = cluster.create_namespace("prom")
-    kubeconfig = str(cluster.info.kubeconfig)
     processes: list[HostProcess] = []
     reporter = Reporter(port=0, addr="127.0.0.1", namespace=ns, job=JOB, rank=0)
     # A link of the first node goes down for a while: a DeviceFailure, an unhealthy link,
@@ -193,23 +185,16 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     try:
         grpc_port, ports = free_port(), {k: free_port() for k in
                                          ("synthesizer", "operator", "agent-0", "agent-1")}
-        processes.append(start("synthesizer", [
-            sys.executable, "-m", "choreo.service", "serve", "--host", "127.0.0.1",
-            "--port", str(grpc_port), "--metrics-port", str(ports["synthesizer"]),
-            "--workers", "2", "--warmup-topology", ""], work))
-        processes.append(start("operator", [
-            sys.executable, "-m", "choreo_operator", "--kubeconfig", kubeconfig,
-            "--synthesizer", f"127.0.0.1:{grpc_port}", "--metrics-port", str(ports["operator"]),
-            "--metrics-addr", "127.0.0.1", "--webhook-port", str(free_port()),
-            "--webhook-cert-dir", str(work / "certs"), "--webhook-config", ""], work))
+        processes.append(start("synthesizer", synthesizer_argv(
+            grpc_port, ports["synthesizer"], workers=2), work))
+        processes.append(start("operator", operator_argv(
+            cluster.info.kubeconfig, f"127.0.0.1:{grpc_port}", ports["operator"], free_port(),
+            work / "certs", ["--webhook-config", ""]), work))
+        options = AgentOptions(fabric="dgx-h100-2", namespace=ns, poll=0.25, recover_after=1)
         for i, node in enumerate(nodes):
-            processes.append(start(f"agent-{i}", [
-                sys.executable, "-m", "choreo_agents", "--backend", "sim", "--node", node,
-                "--fabric", "dgx-h100-2", "--fabric-node", str(i), "--namespace", ns,
-                "--kubeconfig", kubeconfig, "--stagger", "0", "--poll", "0.25",
-                "--recover-after", "1", "--metrics-port", str(ports[f"agent-{i}"]),
-                "--metrics-address", "127.0.0.1", "--duration", "300",
-                *(["--script", str(faults)] if i == 0 else [])], work))
+            processes.append(start(f"agent-{i}", [*agent_argv(
+                node, i, cluster.info.kubeconfig, options, ports[f"agent-{i}"],
+                faults if i == 0 else None), "--duration", "300"], work))
         targets = {"choreo-synthesizer": [f"127.0.0.1:{ports['synthesizer']}"],
                    "choreo-operator": [f"127.0.0.1:{ports['operator']}"],
                    "choreo-agent": [f"127.0.0.1:{ports['agent-0']}",
@@ -218,10 +203,8 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         prom_port = free_port()
         config = work / "prometheus.yml"
         config.write_text(yaml.safe_dump(prometheus_config(targets)))
-        processes.append(start("prometheus", [
-            prometheus_bin, f"--config.file={config}", f"--storage.tsdb.path={work / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}", "--storage.tsdb.retention.time=1h",
-            "--log.level=warn"], work))
+        processes.append(start("prometheus", prometheus_argv(
+            prometheus_bin, config, work / "tsdb", prom_port), work))
         url = f"http://127.0.0.1:{prom_port}"
         wait_until(lambda: http_ok(f"{url}/-/ready"), "prometheus to be ready", 60, processes)
         api = promql.Prometheus(url)
