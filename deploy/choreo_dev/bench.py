@@ -12,12 +12,11 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
+from choreo.benchtable import Row, exit_code, print_rows
 from choreo_dev import build, fabric, nodes, procs
 from choreo_dev.cluster import Cluster, control_plane_binaries
 from choreo_dev.errors import DevClusterError
@@ -28,17 +27,6 @@ GIB = 1024**3
 WARM_START_TARGET_S = 15.0
 MEMORY_TARGET_BYTES = int(1.5 * GIB)
 START_NODES = 8
-
-
-@dataclass(frozen=True)
-class Row:
-    """One line of the report."""
-
-    metric: str
-    measured: str
-    target: str
-    reference: str
-    ok: bool | None = None
 
 
 def cold_build_row() -> Row:
@@ -127,18 +115,8 @@ def run(nodes_for_memory: int = 128, console: Console | None = None) -> int:
         leftover = [n for n, alive in cluster.status().items() if alive]
         if leftover:
             raise DevClusterError(f"benchmark left processes running: {', '.join(leftover)}")
-    _print(console, rows)
-    return 0 if all(r.ok is not False for r in rows) else 1
-
-
-def _print(console: Console, rows: list[Row]) -> None:
-    table = Table(title=f"choreo local cluster ({', '.join(CONTROL_PLANE)})")
-    for col in ("metric", "measured", "target", "reference", ""):
-        table.add_column(col)
-    for row in rows:
-        mark = {True: "[green]ok[/]", False: "[red]MISS[/]", None: ""}[row.ok]
-        table.add_row(row.metric, row.measured, row.target, row.reference, mark)
-    console.print(table)
+    print_rows(rows, f"choreo local cluster ({', '.join(CONTROL_PLANE)})", console)
+    return exit_code(rows)
 
 
 def main() -> int:

@@ -6,40 +6,32 @@ the measured value, the target, and the published reference it compares with.
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import resource
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+
+from choreo.benchtable import Row, print_rows, write_json
 
 GIB = 1 << 30
 
 # TACOS Table V: 3D-RFS All-Reduce time normalized to TACOS (Ring, RHD, Direct, DBT).
-TABLE_V = {16: (7.14, 5.27, 4.04, 47.13), 32: (5.10, 4.42, 7.86, 58.35),
-           64: (4.80, 5.83, 16.84, 121.31), 128: (4.82, 9.85, 36.02, 294.15)}
+TABLE_V = {
+    16: (7.14, 5.27, 4.04, 47.13),
+    32: (5.10, 4.42, 7.86, 58.35),
+    64: (4.80, 5.83, 16.84, 121.31),
+    128: (4.82, 9.85, 36.02, 294.15),
+}
 TABLE_V_BASELINES = ("ring", "rhd", "direct", "dbt")
 
 
-@dataclass
-class Row:
-    group: str
-    case: str
-    measured: str
-    target: str
-    reference: str
-    ok: bool | None
-    value: float
-
-
-def _synth_case(topology: str, collective: str, size: int, chunks: int | None,
-                restarts: int, evaluate_it: bool) -> dict[str, Any]:
+def _synth_case(
+    topology: str, collective: str, size: int, chunks: int | None, restarts: int, evaluate_it: bool
+) -> dict[str, Any]:
     """Runs in a child process: synthesize once, then (optionally) verify and compare."""
     from choreo.collectives import Collective, Demand
     from choreo.generators import build
@@ -53,15 +45,24 @@ def _synth_case(topology: str, collective: str, size: int, chunks: int | None,
     started = time.perf_counter()
     sched = synthesize(fabric, [demand], SynthOptions(restarts=restarts))
     seconds = time.perf_counter() - started
-    out: dict[str, Any] = {"seconds": seconds, "transfers": len(sched), "chunks": c,
-                           "makespan": sched.makespan}
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "transfers": len(sched),
+        "chunks": c,
+        "makespan": sched.makespan,
+    }
     if evaluate_it:
         from choreo.report import evaluate
 
         ev = evaluate(sched)
         t = ev.tenants[0]
-        out.update(verified=ev.verdict.ok, time=t.time, bound=t.bound,
-                   fraction=t.fraction_of_bound, baselines=t.baselines)
+        out.update(
+            verified=ev.verdict.ok,
+            time=t.time,
+            bound=t.bound,
+            fraction=t.fraction_of_bound,
+            baselines=t.baselines,
+        )
     out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out
 
@@ -74,7 +75,8 @@ def _in_child(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
 def _scale_rows(quick: bool) -> list[Row]:
     rows = []
     cases: list[tuple[str, str, int, float, str]] = [
-        ("torus-32x32", "allgather", 1, 0.5, "TACOS public code ~60 s here")]
+        ("torus-32x32", "allgather", 1, 0.5, "TACOS public code ~60 s here")
+    ]
     if not quick:
         cases += [
             ("3d-rfs-512", "allreduce", 1, 2.0, "TACOS paper 6.09 min"),
@@ -83,13 +85,30 @@ def _scale_rows(quick: bool) -> list[Row]:
         ]
     for topo, coll, chunks, target, ref in cases:
         r = _in_child(_synth_case, topo, coll, GIB, chunks, 1, False)
-        rows.append(Row("synthesis time", f"{topo} {coll} C={r['chunks']} ({r['transfers']:,} "
-                        "transfers)", f"{r['seconds']:.2f} s", f"<= {target:g} s", ref,
-                        r["seconds"] <= target, r["seconds"]))
+        rows.append(
+            Row(
+                f"{topo} {coll} C={r['chunks']} ({r['transfers']:,} transfers)",
+                f"{r['seconds']:.2f} s",
+                f"<= {target:g} s",
+                ref,
+                r["seconds"] <= target,
+                group="synthesis time",
+                value=r["seconds"],
+            )
+        )
         if topo == "torus-64x64":
             gib = r["peak_rss"] / GIB
-            rows.append(Row("peak memory", f"{topo} {coll}", f"{gib:.2f} GiB", "<= 8 GiB", "-",
-                            gib <= 8, gib))
+            rows.append(
+                Row(
+                    f"{topo} {coll}",
+                    f"{gib:.2f} GiB",
+                    "<= 8 GiB",
+                    "-",
+                    gib <= 8,
+                    group="peak memory",
+                    value=gib,
+                )
+            )
     return rows
 
 
@@ -105,18 +124,31 @@ def _growth_rows(quick: bool) -> list[Row]:
 
             exponent = math.log(r["seconds"] / prev[1]) / math.log(n / prev[0])
             growth = f"time ~ N^{exponent:.2f} since N={prev[0]}"
-        rows.append(Row("growth with N", f"3d-rfs-{n} allreduce C=1", f"{r['seconds']:.3f} s",
-                        "report", growth, None, r["seconds"]))
+        rows.append(
+            Row(
+                f"3d-rfs-{n} allreduce C=1",
+                f"{r['seconds']:.3f} s",
+                "report",
+                growth,
+                None,
+                group="growth with N",
+                value=r["seconds"],
+            )
+        )
         prev = (n, r["seconds"])
     return rows
 
 
 QUALITY = [  # topology, collective, minimum fraction of the lower bound
-    ("torus-8x8", "allgather", 0.95), ("torus-8x8", "allreduce", 0.95),
-    ("torus-4x4x4", "allreduce", 0.95), ("hypercube-4x4x4", "allreduce", 0.95),
+    ("torus-8x8", "allgather", 0.95),
+    ("torus-8x8", "allreduce", 0.95),
+    ("torus-4x4x4", "allreduce", 0.95),
+    ("hypercube-4x4x4", "allreduce", 0.95),
     ("hypercube-8x8x8", "allgather", 0.95),
-    ("3d-rfs-64", "allreduce", 0.85), ("3d-rfs-128", "allreduce", 0.85),
-    ("dgx-h100-4", "allreduce", 0.85), ("dgx-h100-8", "allgather", 0.85),
+    ("3d-rfs-64", "allreduce", 0.85),
+    ("3d-rfs-128", "allreduce", 0.85),
+    ("dgx-h100-4", "allreduce", 0.85),
+    ("dgx-h100-8", "allgather", 0.85),
 ]
 QUALITY_QUICK = {"torus-8x8", "3d-rfs-64", "dgx-h100-4"}
 
@@ -130,9 +162,17 @@ def _quality_rows(quick: bool) -> list[Row]:
         best = min(r["baselines"].items(), key=lambda kv: kv[1]) if r["baselines"] else None
         ref = f"best baseline {best[0]} {best[1] / r['time']:.2f}x slower" if best else "-"
         ok = r["verified"] and r["fraction"] >= floor and (best is None or best[1] >= r["time"])
-        rows.append(Row("quality 1 GiB", f"{topo} {coll} C={r['chunks']}",
-                        f"{r['fraction']:.1%} of bound", f">= {floor:.0%}, >= best baseline",
-                        ref, ok, r["fraction"]))
+        rows.append(
+            Row(
+                f"{topo} {coll} C={r['chunks']}",
+                f"{r['fraction']:.1%} of bound",
+                f">= {floor:.0%}, >= best baseline",
+                ref,
+                ok,
+                group="quality 1 GiB",
+                value=r["fraction"],
+            )
+        )
     return rows
 
 
@@ -145,16 +185,26 @@ def _table_v_rows(quick: bool) -> list[Row]:
         r = _in_child(_synth_case, f"3d-rfs-{n}", "allreduce", GIB, None, 4, True)
         for baseline, ratio in zip(TABLE_V_BASELINES, paper, strict=True):
             ours = r["baselines"].get(baseline, float("nan")) / r["time"]
-            rows.append(Row("TACOS Table V", f"3d-rfs-{n} allreduce: {baseline} / choreo",
-                            f"{ours:.2f}x", f">= {ratio:g}x (paper: {baseline} / TACOS)",
-                            "TACOS HPCA'24 Table V", ours >= ratio, ours))
+            rows.append(
+                Row(
+                    f"3d-rfs-{n} allreduce: {baseline} / choreo",
+                    f"{ours:.2f}x",
+                    f">= {ratio:g}x (paper: {baseline} / TACOS)",
+                    "TACOS HPCA'24 Table V",
+                    ours >= ratio,
+                    group="TACOS Table V",
+                    value=ours,
+                )
+            )
     return rows
 
 
 def run_bench(quick: bool, only: str | None, json_path: str | None, console: Console) -> int:
     groups: list[tuple[str, Callable[[bool], list[Row]]]] = [
-        ("scale", _scale_rows), ("growth", _growth_rows),
-        ("quality", _quality_rows), ("tablev", _table_v_rows),
+        ("scale", _scale_rows),
+        ("growth", _growth_rows),
+        ("quality", _quality_rows),
+        ("tablev", _table_v_rows),
     ]
     rows: list[Row] = []
     for name, fn in groups:
@@ -162,17 +212,7 @@ def run_bench(quick: bool, only: str | None, json_path: str | None, console: Con
             continue
         with console.status(f"benchmark: {name}"):
             rows.extend(fn(quick))
-    if not console.is_terminal:
-        console = Console(width=150, highlight=False)
-    table = Table(title="choreo bench (this machine: measured now)")
-    for col in ("group", "case", "measured", "target", "reference", "ok"):
-        table.add_column(col)
-    for r in rows:
-        mark = "-" if r.ok is None else ("yes" if r.ok else "NO")
-        table.add_row(*(escape(x) for x in (r.group, r.case, r.measured, r.target, r.reference)),
-                      mark)
-    console.print(table)
+    print_rows(rows, "choreo bench (this machine: measured now)", console)
     if json_path:
-        with open(json_path, "w") as fh:
-            json.dump([asdict(r) for r in rows], fh, indent=2)
+        write_json(rows, json_path)
     return 0

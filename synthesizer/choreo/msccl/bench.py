@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
 
-from rich.console import Console
-from rich.table import Table
-
+from choreo.benchtable import Row, exit_code, print_rows
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
 from choreo.msccl.api import to_xml
@@ -24,15 +21,6 @@ from choreo.schedule import Schedule
 from choreo.synth import SynthOptions, synthesize
 
 GPUS_PER_NODE = 8
-
-
-@dataclass
-class Row:
-    case: str
-    measured: str
-    target: str
-    reference: str
-    ok: bool | None
 
 
 def _schedule(topology: str, chunks: int) -> Schedule:
@@ -90,14 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     topologies = ["3d-rfs-64"] if args.quick else ["3d-rfs-64", "torus-8x8", "dgx-h100-8"]
     counts = (8, 16, 32, 64) if args.quick else (8, 16, 32, 64, 128)
     rows = speed_rows(topologies, (1,) if args.quick else (1, 2)) + size_rows(counts)
-    table = Table(title="choreo MSCCL lowering benchmark (executor dialect)")
-    for col in ("case", "measured", "target", "reference", ""):
-        table.add_column(col, justify="right" if col in ("measured", "target") else "left")
-    for r in rows:
-        mark = "" if r.ok is None else ("[green]ok[/]" if r.ok else "[red]MISSED[/]")
-        table.add_row(r.case, r.measured, r.target, r.reference, mark)
-    Console(highlight=False).print(table)
-    return 0 if all(r.ok is not False for r in rows) else 1
+    print_rows(rows, "choreo MSCCL lowering benchmark (executor dialect)")
+    return exit_code(rows)
 
 
 if __name__ == "__main__":

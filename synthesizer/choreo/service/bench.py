@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+
+from choreo.benchtable import Row, print_rows
 
 TOPOLOGY = "3d-rfs-64"
 MIN_BYTES, MAX_BYTES = 1 << 20, 1 << 30
@@ -310,36 +311,36 @@ def report(r: dict[str, Any], console: Console) -> bool:
     c, f, a, m = r["cached"], r["fresh"], r["alone"], r["memory"]
     ok_p50 = c["p50"] <= CACHED_TARGET_P50
     ok_err = r["errors"] == 0 and r["wrong_cache_flags"] == 0
-    table = Table(title=f"synthesizer service: {r['clients']} clients ({r['client_procs']} "
-                  f"process(es)) x {r['seconds']:g} s, "
-                  f"64-GPU AllReduce 1 MiB..1 GiB in 4 buckets ({TOPOLOGY}), "
-                  f"{r['workers']} worker(s) on {r['cpus']} CPU(s)", title_justify="left")
-    for col in ("metric", "measured", "target", "reference"):
-        table.add_column(col)
-    mark = {True: "[green]ok[/]", False: "[red]MISSED[/]"}
-    table.add_row("cached p50", f"{_ms(c['p50'])} {mark[ok_p50]}", "<= 5 ms",
-                  f"one client alone: {_ms(a['cached_alone'])}")
-    table.add_row("cached p99", _ms(c["p99"]), "-",
-                  f"plain-XML hit alone: {_ms(a['plain_cached_alone'])} "
-                  f"({a['plain_bytes'] / mib:.1f} MiB vs {a['bytes'] / mib:.2f} MiB gzip)")
+    title = (f"synthesizer service: {r['clients']} clients ({r['client_procs']} process(es)) "
+             f"x {r['seconds']:g} s, 64-GPU AllReduce 1 MiB..1 GiB in 4 buckets ({TOPOLOGY}), "
+             f"{r['workers']} worker(s) on {r['cpus']} CPU(s)")
+    rows = [
+        Row("cached p50", _ms(c["p50"]), "<= 5 ms",
+            f"one client alone: {_ms(a['cached_alone'])}", ok_p50),
+        Row("cached p99", _ms(c["p99"]), "-",
+            f"plain-XML hit alone: {_ms(a['plain_cached_alone'])} "
+            f"({a['plain_bytes'] / mib:.1f} MiB vs {a['bytes'] / mib:.2f} MiB gzip)"),
+    ]
     v = r["revalidate"]
     if v["count"]:
-        table.add_row("revalidated p50 / p99", f"{_ms(v['p50'])} / {_ms(v['p99'])}", "-",
-                      "known_result_id matched: not_modified, no body")
-    table.add_row("fresh p50", f"{f['p50']:.2f} s", "-",
-                  f"one fresh request alone: {a['fresh_alone']:.2f} s")
-    table.add_row("fresh p99", f"{f['p99']:.2f} s", "-", "queueing behind the other fresh")
-    table.add_row("throughput", f"{r['throughput']:.0f} req/s", "-",
-                  f"cached {r['cached_throughput']:.0f}/s, revalidated "
-                  f"{r['revalidate_throughput']:.0f}/s, fresh {r['fresh_throughput']:.2f}/s")
-    table.add_row("errors", f"{r['errors']} {mark[ok_err]}", "0",
-                  f"{r['requests']} requests; codes {r['error_codes'] or 'none'}; "
-                  f"{r['wrong_cache_flags']} wrong cache flags")
-    table.add_row("server peak RSS", f"{m['server_peak'] / mib:.0f} MiB", "bounded",
-                  f"all processes {m['total_peak'] / mib:.0f} MiB peak; worker "
-                  f"{m['worker_peak'] / mib:.0f} MiB; late/early "
-                  f"{r['memory_last_quarter_vs_first']:.2f}")
-    console.print(table)
+        rows.append(Row("revalidated p50 / p99", f"{_ms(v['p50'])} / {_ms(v['p99'])}", "-",
+                        "known_result_id matched: not_modified, no body"))
+    rows += [
+        Row("fresh p50", f"{f['p50']:.2f} s", "-",
+            f"one fresh request alone: {a['fresh_alone']:.2f} s"),
+        Row("fresh p99", f"{f['p99']:.2f} s", "-", "queueing behind the other fresh"),
+        Row("throughput", f"{r['throughput']:.0f} req/s", "-",
+            f"cached {r['cached_throughput']:.0f}/s, revalidated "
+            f"{r['revalidate_throughput']:.0f}/s, fresh {r['fresh_throughput']:.2f}/s"),
+        Row("errors", str(r["errors"]), "0",
+            f"{r['requests']} requests; codes {r['error_codes'] or 'none'}; "
+            f"{r['wrong_cache_flags']} wrong cache flags", ok_err),
+        Row("server peak RSS", f"{m['server_peak'] / mib:.0f} MiB", "bounded",
+            f"all processes {m['total_peak'] / mib:.0f} MiB peak; worker "
+            f"{m['worker_peak'] / mib:.0f} MiB; late/early "
+            f"{r['memory_last_quarter_vs_first']:.2f}"),
+    ]
+    print_rows(rows, title, console)
     return ok_p50 and ok_err
 
 

@@ -9,14 +9,10 @@ with transmission), which is what its Table 3 times assume.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
-from dataclasses import asdict, dataclass
 
-from rich.console import Console
-from rich.table import Table
-
+from choreo.benchtable import Row, exit_code, print_rows, write_json
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
@@ -30,16 +26,6 @@ from choreo.verify import verify
 GIB = 1 << 30
 US = 1e-6
 TECCL_TABLE3 = {1: 4.0, 2: 5.0, 3: 6.1}  # us, DGX-1 AllGather, 25 KB chunks, alpha 0.7 us
-
-
-@dataclass
-class Row:
-    group: str
-    case: str
-    measured: str
-    target: str
-    reference: str
-    ok: bool
 
 
 def _dgx1_allgather(chunks: int) -> list[Row]:
@@ -56,20 +42,33 @@ def _dgx1_allgather(chunks: int) -> list[Row]:
     sim = simulate(sched).makespan
     ok = verify(sched).ok and solve_s <= 5 and sim <= max(published * US, floor) * (1 + 1e-9)
     phase = sched.meta["phases"][0]
-    rows.append(Row("DGX-1 AllGather (MILP)", f"{chunks} chunk(s) x 25 KB, choreo contract",
-                    f"{sim / US:.2f} us, solved {solve_s:.2f} s, {phase['epochs']} epochs"
-                    f"{' (optimal)' if phase['epochs_optimal'] else ''}",
-                    f"<= {published} us or the contract's floor {floor / US:.2f} us; <= 5 s",
-                    f"TE-CCL {published} us; bound {bound / US:.2f} us", ok))
+    rows.append(
+        Row(
+            f"{chunks} chunk(s) x 25 KB, choreo contract",
+            f"{sim / US:.2f} us, solved {solve_s:.2f} s, {phase['epochs']} epochs"
+            f"{' (optimal)' if phase['epochs_optimal'] else ''}",
+            f"<= {published} us or the contract's floor {floor / US:.2f} us; <= 5 s",
+            f"TE-CCL {published} us; bound {bound / US:.2f} us",
+            ok,
+            group="DGX-1 AllGather (MILP)",
+        )
+    )
     t0 = time.perf_counter()
-    te = synthesize_milp(fabric, [d],
-                         MilpOptions(time_limit=30, pipelined_alpha=True, polish=False))
+    te = synthesize_milp(
+        fabric, [d], MilpOptions(time_limit=30, pipelined_alpha=True, polish=False)
+    )
     solve_s = time.perf_counter() - t0
     model = te.meta["phases"][0]["model_time"]
-    rows.append(Row("DGX-1 AllGather (MILP)", f"{chunks} chunk(s), TE-CCL cost model",
-                    f"{model / US:.2f} us, solved {solve_s:.2f} s",
-                    f"<= {published} us; <= 5 s", f"TE-CCL {published} us (Table 3)",
-                    model <= published * US * (1 + 1e-9) and solve_s <= 5))
+    rows.append(
+        Row(
+            f"{chunks} chunk(s), TE-CCL cost model",
+            f"{model / US:.2f} us, solved {solve_s:.2f} s",
+            f"<= {published} us; <= 5 s",
+            f"TE-CCL {published} us (Table 3)",
+            model <= published * US * (1 + 1e-9) and solve_s <= 5,
+            group="DGX-1 AllGather (MILP)",
+        )
+    )
     return rows
 
 
@@ -82,17 +81,20 @@ def _alltoall(name: str) -> Row:
     solve_s = time.perf_counter() - t0
     sim = simulate(sched).makespan
     greedy_opts = SynthOptions()
-    gd = Demand(Collective.ALLTOALL, d.ranks, GIB,
-                auto_chunks(fabric, Collective.ALLTOALL, GIB, d.n))
+    gd = Demand(
+        Collective.ALLTOALL, d.ranks, GIB, auto_chunks(fabric, Collective.ALLTOALL, GIB, d.n)
+    )
     greedy = simulate(synthesize(fabric, [gd], greedy_opts)).makespan
     gap = sim / bound - 1
-    return Row("AllToAll 1 GiB (LP)", f"{name} ({d.n} GPUs)",
-               f"{sim * 1e3:.4f} ms (+{gap:.2%} of bound), solved {solve_s:.1f} s; "
-               f"{sched.meta['chunks']} chunk/pair, {sched.meta['parallel']} share(s)/pair",
-               "<= 2% over the cut bound; <= 60 s",
-               f"cut bound {bound * 1e3:.4f} ms; greedy {greedy * 1e3:.4f} ms "
-               f"(+{greedy / bound - 1:.2%})",
-               verify(sched).ok and gap <= 0.02 and solve_s <= 60)
+    return Row(
+        f"{name} ({d.n} GPUs)",
+        f"{sim * 1e3:.4f} ms (+{gap:.2%} of bound), solved {solve_s:.1f} s; "
+        f"{sched.meta['chunks']} chunk/pair, {sched.meta['parallel']} share(s)/pair",
+        "<= 2% over the cut bound; <= 60 s",
+        f"cut bound {bound * 1e3:.4f} ms; greedy {greedy * 1e3:.4f} ms (+{greedy / bound - 1:.2%})",
+        verify(sched).ok and gap <= 0.02 and solve_s <= 60,
+        group="AllToAll 1 GiB (LP)",
+    )
 
 
 def _portfolio(name: str, coll: Collective, size: int, deadline: float) -> Row:
@@ -106,12 +108,15 @@ def _portfolio(name: str, coll: Collective, size: int, deadline: float) -> Row:
     info = sched.meta["portfolio"]
     t = info["time"]
     better = (greedy - t) / greedy
-    return Row("Portfolio (auto)", f"{name} {coll.value} {size / GIB:g} GiB, {deadline:g} s",
-               f"{t * 1e3:.4f} ms by {info['winner']}/{info['variant']} in {elapsed:.1f} s; "
-               f"{better:.2%} faster than greedy; +{info['gap_to_bound']:.1%} of bound",
-               f"<= greedy alone; <= {deadline:g} s",
-               f"greedy alone {greedy * 1e3:.4f} ms; {len(info['candidates'])} candidates",
-               verify(sched).ok and t <= greedy * (1 + 1e-9) and elapsed <= deadline * 1.1)
+    return Row(
+        f"{name} {coll.value} {size / GIB:g} GiB, {deadline:g} s",
+        f"{t * 1e3:.4f} ms by {info['winner']}/{info['variant']} in {elapsed:.1f} s; "
+        f"{better:.2%} faster than greedy; +{info['gap_to_bound']:.1%} of bound",
+        f"<= greedy alone; <= {deadline:g} s",
+        f"greedy alone {greedy * 1e3:.4f} ms; {len(info['candidates'])} candidates",
+        verify(sched).ok and t <= greedy * (1 + 1e-9) and elapsed <= deadline * 1.1,
+        group="Portfolio (auto)",
+    )
 
 
 def run(quick: bool) -> list[Row]:
@@ -120,8 +125,12 @@ def run(quick: bool) -> list[Row]:
         rows += _dgx1_allgather(c)
     rows.append(_alltoall("ndv2-2"))
     rows.append(_alltoall("dgx-h100-4"))
-    cases = [("torus-8x8", Collective.ALLREDUCE), ("3d-rfs-64", Collective.ALLREDUCE),
-             ("dgx-h100-8", Collective.ALLREDUCE), ("dgx-h100-8", Collective.ALLTOALL)]
+    cases = [
+        ("torus-8x8", Collective.ALLREDUCE),
+        ("3d-rfs-64", Collective.ALLREDUCE),
+        ("dgx-h100-8", Collective.ALLREDUCE),
+        ("dgx-h100-8", Collective.ALLTOALL),
+    ]
     for name, coll in cases[:1] if quick else cases:
         rows.append(_portfolio(name, coll, GIB, 10.0))
     return rows
@@ -133,17 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args(argv)
     rows = run(args.quick)
-    table = Table(title="TE-CCL engines and portfolio")
-    for col in ("group", "case", "measured", "target", "reference", "ok"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(r.group, r.case, r.measured, r.target, r.reference,
-                      "[green]yes[/]" if r.ok else "[red]no[/]")
-    Console(width=200).print(table)
+    print_rows(rows, "TE-CCL engines and portfolio")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump([asdict(r) for r in rows], fh, indent=2)
-    return 0 if all(r.ok for r in rows) else 1
+        write_json(rows, args.json)
+    return exit_code(rows)
 
 
 if __name__ == "__main__":

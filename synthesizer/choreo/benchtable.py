@@ -1,0 +1,55 @@
+"""The one table every choreo benchmark prints: measured value, target, reference, verdict.
+
+Keeping a single row type means every component reports the same way and a run can be
+saved (``--json``) and compared later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+@dataclass
+class Row:
+    """One measurement. ``ok`` is None when there is no target (reported only)."""
+
+    case: str
+    measured: str
+    target: str
+    reference: str
+    ok: bool | None = None
+    group: str = ""
+    value: float = math.nan
+
+
+def print_rows(rows: Sequence[Row], title: str, console: Console | None = None) -> None:
+    """Print the table; wide when the output is not a terminal so nothing wraps in logs."""
+    out = console or Console(highlight=False)
+    if not out.is_terminal:
+        out = Console(width=160, highlight=False)
+    table = Table(title=escape(title))
+    grouped = any(r.group for r in rows)
+    for col in (["group"] if grouped else []) + ["case", "measured", "target", "reference", "ok"]:
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        mark = "-" if r.ok is None else ("[green]yes[/]" if r.ok else "[red]NO[/]")
+        cells = [r.case, r.measured, r.target, r.reference]
+        table.add_row(*(escape(c) for c in ([r.group] if grouped else []) + cells), mark)
+    out.print(table)
+
+
+def write_json(rows: Sequence[Row], path: str | Path) -> None:
+    Path(path).write_text(json.dumps([asdict(r) for r in rows], indent=2))
+
+
+def exit_code(rows: Sequence[Row]) -> int:
+    """0 when no target was missed: a benchmark run can gate on it."""
+    return 0 if all(r.ok is not False for r in rows) else 1
