@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from choreo.benchtable import Row, print_rows, write_json
+from choreo.benchtable import Row, exit_code, print_rows, write_json
 
 GIB = 1 << 30
 
@@ -212,7 +212,9 @@ def run_bench(quick: bool, only: str | None, json_path: str | None, console: Con
             continue
         with console.status(f"benchmark: {name}"):
             rows.extend(fn(quick))
-    print_rows(rows, "choreo bench (this machine: measured now)", console)
+    # a terminal's console keeps its width; off a terminal the table's own wide default wins
+    print_rows(rows, "choreo bench (this machine: measured now)",
+               console if console.is_terminal else None)
     if json_path:
         write_json(rows, json_path)
-    return 0
+    return exit_code(rows)

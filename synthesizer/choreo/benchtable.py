@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,10 +32,8 @@ class Row:
 
 
 def print_rows(rows: Sequence[Row], title: str, console: Console | None = None) -> None:
-    """Print the table; wide when the output is not a terminal so nothing wraps in logs."""
-    out = console or Console(highlight=False)
-    if not out.is_terminal:
-        out = Console(width=160, highlight=False)
+    """Print the table; by default wide when stdout is not a terminal, so logs do not wrap."""
+    out = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     table = Table(title=escape(title))
     grouped = any(r.group for r in rows)
     for col in (["group"] if grouped else []) + ["case", "measured", "target", "reference", "ok"]:
