@@ -112,6 +112,8 @@ struct Transfer {
 }
 
 const NONE: u32 = u32::MAX;
+/// Candidates a fast link compares when looking for the rarest chunk.
+const RAREST_SAMPLE: usize = 8;
 
 struct State<'a> {
     p: &'a Problem,
@@ -219,19 +221,22 @@ impl<'a> State<'a> {
                 };
                 // A slow link (one with a fast island) is scarce: spend it on the chunk held by
                 // the fewest nodes, which has the most destinations left to reach.
-                let found = if exclusive && !island.is_empty() {
-                    let holders = &self.holders;
-                    let mut best: Option<usize> = None;
-                    cyclic_find(lo, hi, from, word, |c| {
-                        if best.is_none_or(|b| holders[c] < holders[b]) {
-                            best = Some(c);
-                        }
-                        false
-                    });
-                    best
-                } else {
-                    cyclic_first(lo, hi, from, word)
-                };
+                // Prefer the chunk held by the fewest nodes: it has the most destinations left,
+                // so sending it first keeps the pipeline of far-travelling chunks full. A slow
+                // link (one with a fast island) is scarce and compares every candidate; other
+                // links compare the first few, which keeps large fabrics fast.
+                let budget = if exclusive && !island.is_empty() { usize::MAX } else { RAREST_SAMPLE };
+                let holders = &self.holders;
+                let mut best: Option<usize> = None;
+                let mut seen = 0usize;
+                cyclic_find(lo, hi, from, word, |c| {
+                    if best.is_none_or(|b| holders[c] < holders[b]) {
+                        best = Some(c);
+                    }
+                    seen += 1;
+                    seen >= budget
+                });
+                let found = best;
                 if found.is_some() {
                     return found;
                 }
