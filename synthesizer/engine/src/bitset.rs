@@ -85,12 +85,6 @@ where
     scan(from, hi).or_else(|| scan(lo, from))
 }
 
-/// `cyclic_find` accepting every set bit.
-#[inline]
-pub fn cyclic_first<W: Fn(usize) -> u64>(lo: usize, hi: usize, from: usize, word: W) -> Option<usize> {
-    cyclic_find(lo, hi, from, word, |_| true)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,11 +107,12 @@ mod tests {
         }
         let row = m.row(0).to_vec();
         let pick = |w: usize| row[w];
-        assert_eq!(cyclic_first(0, 200, 71, pick), Some(150));
-        assert_eq!(cyclic_first(0, 200, 151, pick), Some(3));
-        assert_eq!(cyclic_first(4, 150, 100, pick), Some(70));
-        assert_eq!(cyclic_first(71, 150, 71, pick), None);
+        let cyclic_first = |lo, hi, from, word: &dyn Fn(usize) -> u64| cyclic_find(lo, hi, from, word, |_| true);
+        assert_eq!(cyclic_first(0, 200, 71, &pick), Some(150));
+        assert_eq!(cyclic_first(0, 200, 151, &pick), Some(3));
+        assert_eq!(cyclic_first(4, 150, 100, &pick), Some(70));
+        assert_eq!(cyclic_first(71, 150, 71, &pick), None);
         assert_eq!(cyclic_find(0, 200, 0, pick, |c| c > 100), Some(150));
-        assert_eq!(cyclic_first(5, 5, 5, pick), None);
+        assert_eq!(cyclic_first(5, 5, 5, &pick), None);
     }
 }

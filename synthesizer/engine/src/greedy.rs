@@ -17,7 +17,7 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-use crate::bitset::{cyclic_find, cyclic_first, BitMatrix};
+use crate::bitset::{cyclic_find, BitMatrix};
 
 /// One synthesis problem: a graph of usable links and a set of chunks to move.
 #[derive(Clone, Debug, Default)]
