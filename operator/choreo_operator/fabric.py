@@ -45,6 +45,7 @@ class LocalModel:
     # rail -> (attach point, port bandwidth or None for the fabric default)
     rails: dict[int, tuple[Ref, float | None]] = field(default_factory=dict)
     nic_names: dict[str, int] = field(default_factory=dict)  # NIC name -> rail
+    down_rails: set[int] = field(default_factory=set)  # rails whose port is down
 
 
 @dataclass(frozen=True)
@@ -103,12 +104,39 @@ def preset_model(spec: FabricSpec) -> LocalModel:
     return model
 
 
+PCIE_SLACK = 0.9  # a PCIe hop measured within 10% of the NIC's rate is not its bottleneck
+
+
+def _dedicated_nics(nf: NodeFabricSpec, known: set[int]) -> dict[str, int]:
+    """NIC name -> the one GPU it serves, for NICs no other GPU uses (rail-optimized nodes)."""
+    users: dict[str, set[int]] = {}
+    for lk in nf.links:
+        if lk.dst_nic is not None and lk.src in known:
+            users.setdefault(lk.dst_nic, set()).add(lk.src)
+    out = {name: next(iter(gpus)) for name, gpus in users.items() if len(gpus) == 1}
+    for nic in nf.nics:
+        if nic.name not in users and nic.nearest_gpu in known:
+            out[nic.name] = nic.nearest_gpu
+    return out
+
+
 def agent_model(nf: NodeFabricSpec) -> LocalModel:
-    """The node model its agent measured: GPUs, links (switch and NIC ports are duplex)."""
+    """The node model its agent measured: GPUs, links (switch and NIC ports are duplex).
+
+    A NIC that serves a single GPU is that GPU's own port into its rail, as in the presets
+    (``generators.dgx_h100``): the GPU links to the rail directly at the NIC's line rate
+    (or the measured PCIe rate when that is clearly lower), and the port is down when either
+    is. Measurement noise on the PCIe hop is kept out of the rail ports on purpose: the
+    synthesizer's switch unwinding does much worse on rail switches whose ports differ by a
+    fraction of a percent (6x lower bus bandwidth on 4 DGX-H100 nodes), as it does with a
+    two-port NIC switch on every inter-node path.
+    """
     model = LocalModel(gpus=tuple(g.index for g in nf.gpus))
     model.failed_gpus = {g.index for g in nf.gpus if not g.healthy}
     known = set(model.gpus)
     nic_health = {n.name: n.healthy for n in nf.nics}
+    dedicated = _dedicated_nics(nf, known)
+    port: dict[str, tuple[float, bool]] = {}  # dedicated NIC -> (PCIe bandwidth, healthy)
     linked_nics: set[str] = set()
     for lk in nf.links:
         if lk.src not in known:
@@ -124,6 +152,10 @@ def agent_model(nf: NodeFabricSpec) -> LocalModel:
         name = lk.dst_switch if lk.dst_switch is not None else lk.dst_nic
         if name is None:
             continue
+        if lk.dst_nic is not None and name in dedicated:
+            bw, ok = port.get(name, (0.0, True))
+            port[name] = (bw + lk.bandwidth * lk.count, ok and lk.healthy)
+            continue
         if name not in model.switches:
             model.switches.append(name)
         if lk.dst_nic is not None:
@@ -133,6 +165,15 @@ def agent_model(nf: NodeFabricSpec) -> LocalModel:
             model.links.append((src, ("sw", name), lk.alpha / 2, lk.bandwidth, lk.kind, healthy))
             model.links.append((("sw", name), src, lk.alpha / 2, lk.bandwidth, lk.kind, healthy))
     for r, nic in enumerate(nf.nics):
+        rail = nic.rail if nic.rail is not None else r
+        model.nic_names[nic.name] = rail
+        if nic.name in dedicated:
+            pcie, ok = port.get(nic.name, (nic.bandwidth or 25e9, True))
+            bw = nic.bandwidth if nic.bandwidth and pcie >= PCIE_SLACK * nic.bandwidth else pcie
+            model.rails[rail] = (("gpu", dedicated[nic.name]), bw)
+            if not (ok and nic.healthy):
+                model.down_rails.add(rail)
+            continue
         if nic.name not in model.switches:
             model.switches.append(nic.name)
         if nic.name not in linked_nics and nic.nearest_gpu in known:
@@ -140,9 +181,7 @@ def agent_model(nf: NodeFabricSpec) -> LocalModel:
             g: Ref = ("gpu", nic.nearest_gpu)
             model.links.append((g, ("sw", nic.name), 0.0, bw, "pcie", nic.healthy))
             model.links.append((("sw", nic.name), g, 0.0, bw, "pcie", nic.healthy))
-        rail = nic.rail if nic.rail is not None else r
         model.rails[rail] = (("sw", nic.name), nic.bandwidth if nic.healthy else None)
-        model.nic_names[nic.name] = rail
     return model
 
 
@@ -267,7 +306,7 @@ def build_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec],
 
 def _copy(model: LocalModel) -> LocalModel:
     return LocalModel(model.gpus, list(model.switches), list(model.links), set(model.failed_gpus),
-                      dict(model.rails), dict(model.nic_names))
+                      dict(model.rails), dict(model.nic_names), set(model.down_rails))
 
 
 def _inter_node(spec: FabricSpec, models: Mapping[str, LocalModel], b: _Builder,
@@ -309,7 +348,9 @@ def _inter_node(spec: FabricSpec, models: Mapping[str, LocalModel], b: _Builder,
             if key not in switches:
                 label = "fabric-switch" if spec.inter_type == "switch" else f"rail{rail}"
                 switches[key] = b.node(label, NodeKind.SWITCH)
-            b.duplex(b.ids[_ref_name(name, ref)], switches[key], alpha / 2, port_bw or bw, "ib")
+            end, up = b.ids[_ref_name(name, ref)], rail not in models[name].down_rails
+            b.links.append(Link(end, switches[key], alpha / 2, port_bw or bw, "ib", up))
+            b.links.append(Link(switches[key], end, alpha / 2, port_bw or bw, "ib", up))
 
 
 def _apply_failure(f: DeviceFailureSpec, topo: Topology, ids: Mapping[str, int],

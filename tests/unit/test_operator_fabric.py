@@ -81,9 +81,33 @@ def test_agent_node_fabric_replaces_the_preset() -> None:
     assert topo.node_name(10) in {topo.node_name(v) for v in topo.failed}
     nvlinks = [lk for lk in topo.links if lk.kind == "nvlink"]
     assert len(nvlinks) == 4
-    nic = topo.names.index("n1/mlx5_0")
-    assert not any(topo.links[i].healthy for i in topo.in_links(nic) if topo.is_npu(
-        topo.links[i].src))
+    # a NIC serving one GPU is that GPU's port into its rail; its down PCIe link cuts the port
+    assert "n1/mlx5_0" not in topo.names
+    gpu0, rail0 = topo.names.index("n1/gpu0"), topo.names.index("rail0")
+    port = [lk for lk in topo.links if {lk.src, lk.dst} == {gpu0, rail0}]
+    assert len(port) == 2 and not any(lk.healthy for lk in port)
+    assert all(lk.bandwidth == 32e9 for lk in port)  # the slower of NIC and PCIe
+
+
+def test_shared_agent_nic_stays_a_switch_and_nic_failures_apply() -> None:
+    links = tuple(LinkInfo(g, None, None, "mlx5_0", "pcie", 1, 0.0, 32e9) for g in (0, 1))
+    shared = NodeFabricSpec("n1", (GpuInfo(0), GpuInfo(1)), links, (NicInfo("mlx5_0", 0, 50e9, 0),))
+    topo = build_fabric(_spec(2, inter_type="rail", rails=1), {"n1": shared}).topology
+    assert "n1/mlx5_0" in topo.names
+    own = NodeFabricSpec("n1", (GpuInfo(0), GpuInfo(1)), (
+        LinkInfo(0, None, None, "mlx5_0", "pcie", 1, 0.0, 49.7e9),
+        LinkInfo(1, None, None, "mlx5_1", "pcie", 1, 0.0, 50.2e9)),
+        (NicInfo("mlx5_0", 0, 50e9, 0), NicInfo("mlx5_1", 1, 50e9, 1)))
+    fab = build_fabric(_spec(2, inter_type="rail", rails=2), {"n1": own},
+                       [DeviceFailureSpec("f", "n1", "nic", nic="mlx5_1")])
+    topo = fab.topology
+    assert not fab.problems
+    gpu1, rail1 = topo.names.index("n1/gpu1"), topo.names.index("rail1")
+    assert not any(lk.healthy for lk in topo.links if {lk.src, lk.dst} == {gpu1, rail1})
+    gpu0, rail0 = topo.names.index("n1/gpu0"), topo.names.index("rail0")
+    port = [lk for lk in topo.links if {lk.src, lk.dst} == {gpu0, rail0}]
+    # PCIe measured within noise of the NIC's rate: the port runs at the NIC's line rate
+    assert all(lk.healthy and lk.bandwidth == 50e9 for lk in port) and len(port) == 2
 
 
 def test_torus_links_neighbours_gpu_to_gpu() -> None:
