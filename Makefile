@@ -61,8 +61,9 @@ bench: setup cluster-binaries
 	-$(BIN)/choreo-dev bench
 	-$(BIN)/python -m choreo_operator.bench
 
-demo: setup
-	$(BIN)/choreo synthesize --topology 3d-rfs-64 --collective allreduce --size 1GiB --out out/demo
+# The whole product on a local cluster: chart, operator, agents, faults, Prometheus, plots.
+demo: setup cluster-binaries
+	$(BIN)/choreo-dev demo --out out/demo
 
 clean:
 	rm -rf $(VENV) synthesizer/engine/target out

@@ -206,6 +206,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.run(nodes_for_memory=args.memory_nodes)
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from choreo_dev import demo
+
+    root = Path(args.state) if args.state else None
+    if args.action == "stop":
+        return demo.stop(root)
+    return demo.run(Path(args.out), args.keep, root)
+
+
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--fabric", help="fabric description (YAML) listing the nodes")
@@ -259,6 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("kubectl", help="run the pinned kubectl against the local cluster")
     p.add_argument("args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_kubectl)
+
+    p = sub.add_parser("demo", help="the whole product end to end on a fresh local cluster")
+    p.add_argument("action", nargs="?", choices=("run", "stop"), default="run",
+                   help="run the demo (default), or stop one left running by --keep")
+    p.add_argument("--out", default="out/demo", help="plots and summary (default out/demo)")
+    p.add_argument("--keep", action="store_true",
+                   help="leave the cluster and processes running at the end")
+    p.add_argument("--state", help="demo state directory (default .state/demo)")
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("bench", help="measure build, start, job and memory")
     p.add_argument("--memory-nodes", type=int, default=128,

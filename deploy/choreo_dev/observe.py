@@ -1,0 +1,85 @@
+"""What the operator should be doing right now, computed from a snapshot of the API server.
+
+The demo and the scenarios read every object the operator reads, parse them with the
+operator's own model and run its pure planning steps (fabric graph, placement, grouping,
+inputs hash) in this process. A tenant has converged when the inputs hash in its status is
+the one this snapshot gives: its schedule was synthesized for the fabric as it is now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from choreo_dev.kube import KubeClient
+from choreo_operator import model
+from choreo_operator.fabric import Fabric
+from choreo_operator.placement import Placement, place
+from choreo_operator.reconciler import GroupPlan, Inputs, Reconciler, Settings
+
+GROUP = "/apis/choreo.dev/v1alpha1"
+
+
+def items(client: KubeClient, path: str) -> list[dict[str, Any]]:
+    return list(client.get(path).get("items") or [])
+
+
+def read_inputs(client: KubeClient) -> Inputs:
+    """Everything the operator indexes, parsed the way the operator parses it."""
+    nfs = [model.node_fabric_spec(b) for b in items(client, f"{GROUP}/nodefabrics")]
+    return Inputs(
+        fabrics=[model.fabric_spec(b) for b in items(client, f"{GROUP}/fabrictopologies")],
+        node_fabrics={nf.node: nf for nf in nfs},
+        failures=[model.device_failure_spec(b) for b in items(client, f"{GROUP}/devicefailures")],
+        nodes={n.name: n for n in (model.node_info(b) for b in items(client, "/api/v1/nodes"))},
+        jobs=[model.job_spec(b) for b in items(client, f"{GROUP}/collectivejobs")],
+        pods=[model.pod_info(b) for b in items(client, "/api/v1/pods")],
+    )
+
+
+class _NoApi:
+    """Planning only reads; any write would be a bug in this module."""
+
+    async def get(self, path: str) -> Any:
+        raise RuntimeError("offline planner")
+
+    async def create(self, path: str, body: dict[str, Any]) -> Any:
+        raise RuntimeError("offline planner")
+
+    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+        raise RuntimeError("offline planner")
+
+    async def delete(self, path: str) -> Any:
+        raise RuntimeError("offline planner")
+
+
+class _NoSynth:
+    async def synthesize(self, request: Any, timeout: float) -> Any:
+        raise RuntimeError("offline planner")
+
+
+@dataclass
+class Expected:
+    """The operator's view of one snapshot."""
+
+    inputs: Inputs
+    fabric: Fabric | None
+    placements: dict[str, Placement]
+    plans: dict[str, GroupPlan]  # job key -> the plan of its group
+    blocked: dict[str, tuple[str, str, str]]  # job key -> (phase, reason, message)
+
+
+def expected(client: KubeClient, settings: Settings | None = None) -> Expected:
+    """Plan a round from the current objects without touching anything."""
+    inputs = read_inputs(client)
+    planner = Reconciler(lambda: inputs, _NoApi(), _NoSynth(), settings)
+    fabric, _ = planner.fabric(inputs)
+    jobs = [j for j in inputs.jobs if not j.deleting]
+    placements = place(jobs, inputs.pods, fabric)
+    blocked: dict[str, tuple[str, str, str]] = {}
+    plans: dict[str, GroupPlan] = {}
+    if fabric is not None:
+        for plan in planner._plan(jobs, placements, fabric, blocked):
+            for job in plan.members:
+                plans[job.key] = plan
+    return Expected(inputs, fabric, dict(placements), plans, blocked)

@@ -1,0 +1,87 @@
+"""A tenant's published schedule read back from its ConfigMap(s) and checked like MSCCL would.
+
+A schedule over the operator's split size is published as one ConfigMap per pod, each
+keeping only that pod's ``<gpu>`` elements; reading it back joins the parts into the whole
+algorithm again, so the same checks (``msccl.validate``, ``msccl.run``) apply either way.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from typing import Any
+
+from choreo import msccl
+from choreo_dev.kube import ApiError, KubeClient
+
+
+@dataclass
+class Published:
+    """The XML files (joined across parts), the rank table and the ConfigMaps they came from."""
+
+    files: dict[str, str]
+    ranks: list[dict[str, Any]]
+    configmaps: list[str]
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def placed(self) -> set[tuple[str, int]]:
+        return {(str(r["node"]), int(r["gpu"])) for r in self.ranks}
+
+
+def _get(client: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return dict(client.get(f"/api/v1/namespaces/{namespace}/configmaps/{name}"))
+    except ApiError as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def join_parts(parts: list[str]) -> str:
+    """One algorithm from per-pod parts: the first part's header with every part's GPUs."""
+    root = ET.fromstring(parts[0])
+    for gpu in list(root.findall("gpu")):
+        root.remove(gpu)
+    gpus = [g for text in parts for g in ET.fromstring(text).findall("gpu")]
+    for gpu in sorted(gpus, key=lambda g: int(g.get("id", "0"))):
+        root.append(gpu)
+    return ET.tostring(root, encoding="unicode")
+
+
+def load(client: KubeClient, namespace: str, status: dict[str, Any]) -> Published | None:
+    """The schedule a CollectiveJob's status names, or None if it names none."""
+    name = status.get("configMap")
+    if not name:
+        return None
+    parts = [p["name"] for p in status.get("configMapParts") or []] or [name]
+    bodies, missing = [], []
+    for part in parts:
+        cm = _get(client, namespace, part)
+        if cm is None:
+            missing.append(part)
+        else:
+            bodies.append(cm)
+    if not bodies:
+        return Published({}, [], parts, missing)
+    keys = sorted(k for k in bodies[0].get("data", {}) if k.endswith(".xml"))
+    files = {k: join_parts([b["data"][k] for b in bodies]) if len(bodies) > 1
+             else bodies[0]["data"][k] for k in keys}
+    ranks = json.loads(bodies[0]["data"]["ranks.json"])
+    return Published(files, ranks, parts, missing)
+
+
+def problems(published: Published) -> list[str]:
+    """Why MSCCL would refuse or miscompute the schedule: nothing for a good one."""
+    out = [f"ConfigMap {m} is missing" for m in published.missing]
+    if not published.files:
+        out.append("no MSCCL XML file")
+    for key, xml in sorted(published.files.items()):
+        out += [f"{key}: {e}" for e in msccl.validate(xml)][:3]
+        run = msccl.run(xml)
+        if run.ngpus != len(published.ranks):
+            out.append(f"{key}: {run.ngpus} GPUs for {len(published.ranks)} ranks")
+        if run.errors or run.stalls:
+            out.append(f"{key}: run failed: {(run.errors + run.stalls)[:2]}")
+    return out
