@@ -225,6 +225,22 @@ class Cluster:
         self._children = {}
         return stopped
 
+    def restart(self, name: str, timeout: float = APISERVER_TIMEOUT) -> int:
+        """Stop one component by PID and start it again with the same flags (so the same
+        ports and state), as a crash and a supervisor's restart would; returns the new PID.
+        For the API server, waits until it is ready again."""
+        rec = procs.read(self.layout.run, name)
+        if rec is None:
+            raise DevClusterError(f"{name} is not running in {self.layout.root}")
+        procs.stop(rec)
+        proc = procs.start(name, rec.argv, Path(rec.log), self.layout.run)
+        self._children[name] = proc
+        if name == "kube-apiserver":
+            client = self.client()
+            wait_for(client.ready, timeout, "kube-apiserver /readyz after its restart",
+                     watchdog=self._watchdog)
+        return proc.pid
+
     def wipe(self) -> None:
         """Stop the cluster and delete its state directory."""
         self.down()

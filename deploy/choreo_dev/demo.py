@@ -13,7 +13,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from choreo_dev.kube import ApiError, wait_for
 from choreo_dev.observe import GROUP, expected
 from choreo_dev.stack import HostStack
 
-STEPS = 10
+STEPS = 9
 console = Console(highlight=False)
 if not console.is_terminal:
     console.width = 120  # logs and CI: wide enough for the tables
@@ -66,6 +65,7 @@ class Run:
     tenants: list[dict[str, Any]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     restored: dict[str, bool] = field(default_factory=dict)
+    recoveries: list[tuple[str, float, float]] = field(default_factory=list)  # lane, seen, done
     promql: dict[str, list[str]] = field(default_factory=dict)
 
     def now(self) -> float:
@@ -131,7 +131,8 @@ class Demo:
         self.section("Two tenants sharing the rails")
         D.create_tenants(client)
         for t in D.TENANTS:
-            self.wait(partial(D.phase_is, client, t, "Ready"), 120, f"{t.key} to be Ready")
+            self.wait(lambda t=t: D.phase_is(client, t, "Ready"), 120,  # type: ignore[misc]
+                      f"{t.key} to be Ready")
         self.print_schedules("initial schedules")
         self.print_pod_contract()
         initial = {t.key: D.status(client, t)["configMap"] for t in D.TENANTS}
@@ -307,12 +308,25 @@ class Demo:
         t0 = self.run.now()
         console.print("appended gpu-back and link-up; the agents hold a recovered device for "
                       "2 s (--recover-after) before resolving its DeviceFailure")
-        for name in ("h100-1-gpu3", "h100-6-link-2-sw-nvswitch"):
-            self.wait(partial(D.resolved, client, name), 60, f"{name} to be resolved")
+        failures = dict(zip((t.key for t in D.TENANTS),
+                            ("h100-1-gpu3", "h100-6-link-2-sw-nvswitch"), strict=True))
+        resolved_at: dict[str, float] = {}
+        restored_at: dict[str, float] = {}
+
+        def healed() -> bool:
+            """Record when each failure is first seen resolved and each tenant restored."""
+            for t in D.TENANTS:
+                if t.key not in resolved_at and D.resolved(client, failures[t.key]):
+                    resolved_at[t.key] = self.run.now()
+                if t.key not in restored_at and D.ready_on(client, t, initial[t.key]):
+                    restored_at[t.key] = self.run.now()
+            return len(restored_at) == len(resolved_at) == len(D.TENANTS)
+
+        self.wait(healed, 60, "the failures to be resolved and the original schedules back",
+                  interval=0.05)
         for t in D.TENANTS:
-            st = self.wait(partial(D.ready_on, client, t, initial[t.key]), 60,
-                           f"{t.key} to get its original schedule back")
-            self.run.restored[t.key] = st["configMap"] == initial[t.key]
+            self.run.restored[t.key] = True
+            self.run.recoveries.append((t.key, resolved_at[t.key], restored_at[t.key]))
         console.print(f"both tenants are back on their original ConfigMaps "
                       f"({', '.join(initial.values())}) {self.run.now() - t0:.1f} s after "
                       "recovery: names are content hashes, so the healed fabric gives the same "
@@ -361,6 +375,10 @@ class Demo:
                       P.Mark(f.seen, lane, "failure", "DeviceFailure"),
                       P.Mark(f.scheduled, lane, "configmap", f.configmap.rsplit("-", 1)[-1])]
             spans.append((lane, f.seen, f.scheduled))
+        for lane, seen, done in self.run.recoveries:
+            marks += [P.Mark(seen, lane, "recovered", "resolved"),
+                      P.Mark(done, lane, "configmap", "original")]
+            spans.append((lane, seen, done))
         (self.out / "resynthesis-timeline.png").write_bytes(P.timeline_png(marks, spans))
         dashboard = promql.load()
         minutes = max(2.0, self.run.now() / 60)

@@ -163,8 +163,10 @@ class HostStack:
         if rec is None:
             return
         if sig == signal.SIGKILL and procs.is_alive(rec):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(rec.pid, signal.SIGKILL)
+            # a crash takes the whole process: its worker children die with it
+            for pid in reversed(process_tree(rec.pid)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         procs.stop(rec)
         procs.record_path(self.run, name).unlink(missing_ok=True)
 

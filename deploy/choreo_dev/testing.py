@@ -89,6 +89,27 @@ class LocalCluster:
         return wait_for(check, timeout, what, interval=0.25)
 
 
+def control_plane_binaries() -> dict[str, Path]:
+    """The cached binaries for a test; skip when they are not built, or fail when
+    ``CHOREO_E2E_REQUIRED`` is set (as in CI)."""
+    import os
+
+    import pytest
+
+    from choreo_dev import build
+    from choreo_dev.versions import CONTROL_PLANE
+
+    needed = (*CONTROL_PLANE, "kubectl")
+    absent = build.missing(needed)
+    if absent:
+        reason = (f"local control-plane binaries not built ({', '.join(absent)}); "
+                  "run `choreo-dev build` once (about 10 minutes, cached afterwards)")
+        if os.environ.get("CHOREO_E2E_REQUIRED"):
+            pytest.fail(f"CHOREO_E2E_REQUIRED is set but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return build.resolve(needed)
+
+
 def leftover_processes(records: Sequence[procs.ProcRecord]) -> list[str]:
     """Which of the recorded processes still run."""
     return [f"{r.name} (pid {r.pid})" for r in records if procs.is_alive(r)]

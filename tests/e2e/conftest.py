@@ -10,33 +10,20 @@ Without built binaries the e2e tests are skipped, unless ``CHOREO_E2E_REQUIRED``
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from choreo_dev import build
+from choreo_dev import testing
 from choreo_dev.cluster import Cluster
 from choreo_dev.testing import LocalCluster, leftover_processes
-from choreo_dev.versions import CONTROL_PLANE
-
-NEEDED = (*CONTROL_PLANE, "kubectl")
 
 
 @pytest.fixture(scope="session")
 def control_plane_binaries() -> dict[str, Path]:
     """The cached binaries; skip (or fail when e2e is required) if they are not built."""
-    absent = build.missing(NEEDED)
-    if absent:
-        reason = (
-            f"local control-plane binaries not built ({', '.join(absent)}); "
-            "run `choreo-dev build` once (about 10 minutes, cached afterwards)"
-        )
-        if os.environ.get("CHOREO_E2E_REQUIRED"):
-            pytest.fail(f"CHOREO_E2E_REQUIRED is set but {reason}", pytrace=False)
-        pytest.skip(reason)
-    return build.resolve(NEEDED)
+    return testing.control_plane_binaries()
 
 
 @pytest.fixture(scope="session")
