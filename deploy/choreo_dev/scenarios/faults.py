@@ -66,16 +66,18 @@ class Chaos:
         tmp.replace(path)
 
     def fault(self) -> str:
+        """Break a random GPU or NVSwitch port, or (40%, or when enough are broken) mend one."""
+        if self.broken and (len(self.broken) >= MAX_OPEN_FAULTS or self.rng.random() < 0.4):
+            node, kind, gpu = self.rng.choice(sorted(self.broken))
+            self._append(node, {"gpu-back": gpu} if kind == "gpu"
+                         else {"link-up": [gpu, "sw-nvswitch"]})
+            self.broken.discard((node, kind, gpu))
+            return f"recover-{kind}"
         node = self.rng.choice(sorted(self.w.agents))
         gpu = self.rng.randrange(GPUS)
         kind = self.rng.choice(("gpu", "link"))
         key = (node, kind, gpu)
         if key in self.broken:
-            self._append(node, {"gpu-back": gpu} if kind == "gpu"
-                         else {"link-up": [gpu, "sw-nvswitch"]})
-            self.broken.discard(key)
-            return f"recover-{kind}"
-        if len(self.broken) >= MAX_OPEN_FAULTS:
             return "skip"
         self._append(node, {"gpu-lost": gpu} if kind == "gpu"
                      else {"link-down": [gpu, "sw-nvswitch"]})
@@ -110,9 +112,9 @@ class Chaos:
 
     def step(self) -> str:
         roll = self.rng.random()
-        if roll < 0.7:
+        if roll < 0.8:
             return self.fault()
-        return self.crash("operator" if roll < 0.85 else "synthesizer")
+        return self.crash("operator" if roll < 0.9 else "synthesizer")
 
 
 def setup(w: World, nodes: int, tenants: int, scripts: Path) -> list[str]:
