@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup system-deps engine cluster-binaries test test-fast lint bench demo clean
+.PHONY: setup system-deps engine cluster-binaries test test-fast lint bench demo soak clean
 
 # Debian packages the project runs for real: a Prometheus server for the metrics tests.
 SYSTEM_PACKAGES := prometheus openssl
@@ -64,6 +64,11 @@ bench: setup cluster-binaries
 # The whole product on a local cluster: chart, operator, agents, faults, Prometheus, plots.
 demo: setup cluster-binaries
 	$(BIN)/choreo-dev demo --out out/demo
+
+# The scenario suite at soak length (scale, then MINUTES of chaos), as a benchmark table.
+MINUTES ?= 10
+soak: setup cluster-binaries
+	$(BIN)/python -m choreo_dev.soak --minutes $(MINUTES)
 
 clean:
 	rm -rf $(VENV) synthesizer/engine/target out
