@@ -329,6 +329,24 @@ class Reconciler:
             True, "Resynthesizing", f"{reason}: synthesizing {len(plan.members)} tenant(s)")}))
         try:
             await self._call(plan, request, reason, since, started, marking)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            # A task that dies keeps its flight, and a flight with the current inputs is never
+            # started again: say why, drop the flight and retry in a later round.
+            log.exception("synthesis of %s failed", ", ".join(plan.group.members))
+            metrics.RESYNTHESES.labels(reason=reason, result="error").inc()
+            flight = self.flights.get(scope)
+            if flight is not None and flight.inputs_hash == plan.inputs_hash:
+                self.flights.pop(scope)
+            with contextlib.suppress(Exception):
+                await self._update_jobs(plan.members, {
+                    "Degraded": (True, "OperatorError", f"{type(err).__name__}: {err}; "
+                                 "keeping the last good schedule, retrying"),
+                    "Synthesizing": (True, "Retrying", str(err)[:500])},
+                    event=("Warning", "OperatorError"))
+            asyncio.get_running_loop().call_later(self.settings.backoff_max_seconds,
+                                                  self.poke, "retry")
         finally:
             if not marking.done():
                 marking.cancel()

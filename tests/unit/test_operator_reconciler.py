@@ -161,3 +161,36 @@ def test_joint_request_refused_falls_back_to_one_per_tenant() -> None:
     assert final["phase"] == "Ready"
     ready = next(c for c in final["conditions"] if c["type"] == "Ready")
     assert "synthesized alone" in ready["message"] and "ns/a" in ready["message"]
+
+
+def test_a_synthesis_task_that_fails_is_reported_and_retried() -> None:
+    """An unexpected error while publishing must not leave the group's flight stuck."""
+
+    class FlakyApi(FakeApi):
+        broken = True
+
+        async def create(self, path: str, body: dict[str, Any]) -> Any:
+            if self.broken and body.get("kind") == "ConfigMap":
+                self.broken = False
+                raise ValueError("boom")
+            return await super().create(path, body)
+
+    api, synth = FlakyApi(), FakeSynth()
+    rec = Reconciler(lambda: _inputs([]), api, synth,
+                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.05))
+
+    async def main() -> None:
+        await rec.round({"job"}, 0.0)
+        for flight in list(rec.flights.values()):
+            await flight.task
+        assert not rec.flights  # the failed flight is gone, so a later round starts anew
+        reasons, _ = await asyncio.wait_for(rec.debouncer.wait(), 5)
+        assert "retry" in reasons
+        await rec.round(reasons, 0.0)
+        for flight in list(rec.flights.values()):
+            await flight.task
+
+    asyncio.run(main())
+    degraded = [s for s in api.statuses("a") if s.get("phase") == "Degraded"]
+    assert degraded and "ValueError: boom" in str(degraded[0]["conditions"])
+    assert len(synth.calls) == 2 and api.status("a")["phase"] == "Ready"
