@@ -453,6 +453,18 @@ class Reconciler:
         name, parts, bodies = results.config_maps(job, schedule, pod_ranks, pl.pod_index,
                                                   plan.inputs_hash, plan.fingerprint,
                                                   self.settings.split_bytes)
+        too_big = results.oversized(bodies)
+        if too_big:
+            # The API server would refuse it on every retry: say so once, keep what pods have.
+            self._state(job).inputs_hash = plan.inputs_hash
+            metrics.RESYNTHESES.labels(reason=reason, result="rejected").inc()
+            await self._update_jobs([job], {
+                "Degraded": (True, "ScheduleTooLarge", too_big),
+                "Synthesizing": (False, "Done", "the schedule does not fit in ConfigMaps")},
+                event=("Warning", "ScheduleTooLarge"),
+                extra={"lastSynthesis": {"time": status.now(), "reason": reason,
+                                         "inputsHash": plan.inputs_hash}})
+            return
         for body in bodies:
             try:
                 await self.api.create(f"/api/v1/namespaces/{job.namespace}/configmaps", body)

@@ -132,6 +132,21 @@ def config_maps(job: JobSpec, schedule: Schedule, pod_ranks: Mapping[str, tuple[
     return name, parts, bodies
 
 
+CONFIGMAP_MAX_BYTES = 1 << 20  # the API server's limit on a ConfigMap's data
+
+
+def oversized(bodies: Sequence[dict[str, Any]]) -> str:
+    """Why these ConfigMaps cannot be created (one is over the API server's limit), or ""."""
+    for body in bodies:
+        size = sum(len(k) + len(v.encode()) for k, v in body["data"].items())
+        if size > CONFIGMAP_MAX_BYTES:
+            return (f"ConfigMap {body['metadata']['name']} would hold {size / 2**20:.2f} MiB, over "
+                    "the 1 MiB a ConfigMap may hold even with one part per pod; lower "
+                    "spec.collectives[].maxBytes or the operator's --max-buckets, or use "
+                    "fewer GPUs per pod")
+    return ""
+
+
 def _body(job: JobSpec, name: str, data: dict[str, str], digest: str, inputs_hash: str,
           fingerprint: str) -> dict[str, Any]:
     return {

@@ -194,3 +194,23 @@ def test_a_synthesis_task_that_fails_is_reported_and_retried() -> None:
     degraded = [s for s in api.statuses("a") if s.get("phase") == "Degraded"]
     assert degraded and "ValueError: boom" in str(degraded[0]["conditions"])
     assert len(synth.calls) == 2 and api.status("a")["phase"] == "Ready"
+
+
+def test_a_schedule_too_large_for_configmaps_is_reported_once_not_retried() -> None:
+    class HugeSynth(FakeSynth):
+        async def synthesize(self, request: Any, timeout: float) -> Any:
+            resp = await super().synthesize(request, timeout)
+            for t in resp.tenants:
+                for c in t.collectives:
+                    for b in c.buckets:
+                        b.xml = '<algo ngpus="8">' + " " * (3 << 20) + "</algo>"
+            return resp
+
+    api, synth = FakeApi(), HugeSynth()
+    rec = _run([[], []], synth, api)
+    assert len(synth.calls) == 1  # the same inputs are not synthesized again
+    assert not rec.flights and api.configmaps() == []
+    final = api.status("a")
+    reason = {c["type"]: c["reason"] for c in final["conditions"]}
+    assert final["phase"] == "Degraded" and reason["Degraded"] == "ScheduleTooLarge"
+    assert "1 MiB" in str(final["conditions"]) and final["lastSynthesis"]["inputsHash"]
