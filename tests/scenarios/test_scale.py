@@ -22,5 +22,5 @@ def test_128_nodes_20_tenants_converge(scenario_world: World, scenario_seed: int
           f"{result.operator_rss / MIB:.0f} MiB, synthesizer RSS "
           f"{result.synthesizer_rss / MIB:.0f} MiB; {report.configmaps} ConfigMaps")
     assert report.tenants == 20 and report.ok, report.problems[:10]
-    assert result.gpus >= 8 * 40
+    assert result.gpus >= 8 * 60
     assert result.operator_rss < 1 << 30 and result.synthesizer_rss < 4 << 30

@@ -54,7 +54,7 @@ def test_split_schedules_are_joined_back_in_rank_order() -> None:
 
 def test_layout_gives_every_tenant_two_nodes_and_fits() -> None:
     sizes = layout(random.Random(7), 128, 20)
-    assert len(sizes) == 20 and min(sizes) >= 2 and sum(sizes) <= 128
+    assert len(sizes) == 20 and min(sizes) >= 2 and max(sizes) <= 8 and sum(sizes) <= 128
     assert sizes == layout(random.Random(7), 128, 20)  # seeded
     with pytest.raises(ValueError):
         layout(random.Random(0), 10, 6)

@@ -73,7 +73,9 @@ def check(client: KubeClient, settings: Settings | None = None) -> Report:
         st = job.get("status") or {}
         pub = schedules.load(client, ns, st)
         if pub is None:
-            report.problems.append(f"{ns}/{name}: no schedule")
+            why = [f"{c['type']}={c['status']} {c.get('reason')}: {c.get('message', '')[:200]}"
+                   for c in st.get("conditions") or [] if c["status"] == "True"]
+            report.problems.append(f"{ns}/{name}: no schedule ({'; '.join(why)})")
             continue
         errors = schedules.problems(pub)
         bad = sorted(pub.placed & failed)

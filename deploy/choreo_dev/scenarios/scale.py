@@ -1,7 +1,7 @@
-"""Scale scenario: 128 fake 8-GPU nodes in one rail fabric and 20 tenants of random size and
-collective, created at once; every tenant must converge to a verified schedule. Reports the
-time to converge and the resident memory of the operator and the synthesizer (with its
-worker processes), by PID.
+"""Scale scenario: 128 fake 8-GPU nodes in one rail fabric and 20 tenants of random size,
+collective and largest message size, created at once; every tenant must converge to a
+verified schedule. Reports the time to converge and the resident memory of the operator and
+the synthesizer (with its worker processes), by PID.
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from choreo_dev.scenarios import invariants
 from choreo_dev.scenarios.world import World, wait
 from choreo_operator.reconciler import Settings
 
-COLLECTIVES = ("allreduce", "allgather", "reducescatter")
+# Largest sizes per collective: a pod's part of the MSCCL files must fit in one ConfigMap
+# (1 MiB), and larger messages mean more chunks, so more XML (256 MiB AllReduce over 48 GPUs
+# or 1 GiB AllGather over 80 do not fit; the operator then reports ScheduleTooLarge).
+SIZES = {"allreduce": (1 << 24, 1 << 25), "allgather": (1 << 26, 1 << 28),
+         "reducescatter": (1 << 26, 1 << 28)}
+MAX_NODES = 8  # per tenant (64 GPUs), for the same reason
 
 
 @dataclass
@@ -32,14 +37,15 @@ class ScaleResult:
 
 
 def layout(rng: random.Random, nodes: int, tenants: int) -> list[int]:
-    """Nodes per tenant: random, at least 2 each, together at most ``nodes``."""
+    """Nodes per tenant: random, 2 to ``MAX_NODES`` each, together at most ``nodes``."""
     sizes = [2] * tenants
     spare = nodes - 2 * tenants
     if spare < 0:
         raise ValueError(f"{tenants} tenants need at least {2 * tenants} nodes")
     for _ in range(spare):
-        if rng.random() < 0.9:
-            sizes[rng.randrange(tenants)] += 1
+        t = rng.randrange(tenants)
+        if rng.random() < 0.9 and sizes[t] < MAX_NODES:
+            sizes[t] += 1
     return sizes
 
 
@@ -59,8 +65,8 @@ def run(w: World, seed: int, nodes: int = 128, tenants: int = 20,
     started = time.monotonic()
     at = 0
     for t, size in enumerate(result.sizes):
-        w.tenant(ns, f"t{t:02d}", names[at:at + size], rng.choice(COLLECTIVES),
-                 rng.choice((1 << 26, 1 << 28, 1 << 30)))
+        collective = rng.choice(sorted(SIZES))
+        w.tenant(ns, f"t{t:02d}", names[at:at + size], collective, rng.choice(SIZES[collective]))
         at += size
     settings = _settings()
     wait(lambda: not invariants.converged(w.client, settings), timeout,
