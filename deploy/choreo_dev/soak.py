@@ -22,6 +22,8 @@ from choreo_dev.scenarios.world import world
 
 MIB = 1 << 20
 console = Console(highlight=False)
+if not console.is_terminal:
+    console.width = 120  # logs and CI: wide enough for the table
 
 
 def say(message: str) -> None:
@@ -33,6 +35,8 @@ def scale_rows(seed: int, nodes: int, tenants: int, keep: Path | None) -> list[R
         r = scale.run(w, seed, nodes, tenants, say)
     report = r.report
     assert report is not None
+    for problem in report.problems[:20]:
+        say(f"[red]problem:[/] {problem}")
     return [
         Row(f"scale: {tenants} tenants ({r.gpus} GPUs) on {nodes} nodes, time to converge",
             f"{r.converge_seconds:.1f} s", "<= 300 s", "issue 10", r.converge_seconds <= 300),
@@ -51,6 +55,8 @@ def fault_rows(seed: int, minutes: float, keep: Path | None) -> list[Row]:
         r = faults.run(w, seed, minutes * 60, say=say, converge_timeout=300)
     report = r.report
     assert report is not None
+    for problem in report.problems[:20]:
+        say(f"[red]problem:[/] {problem}")
     injected = {k: v for k, v in sorted(r.actions.items())}
     p50, p90, p99 = (r.quantile(q) for q in (0.5, 0.9, 0.99))
     return [

@@ -88,3 +88,15 @@ def test_add_fault_appends_an_event_due_now(tmp_path: Path) -> None:
     add_fault(env, "n", {"gpu-back": 3})
     events = yaml.safe_load(env.script("n").read_text())["events"]
     assert events == [{"at": "0s", "gpu-lost": 3}, {"at": "0s", "gpu-back": 3}]
+
+
+def test_chaos_knows_which_failures_the_agents_must_report() -> None:
+    from choreo_dev.scenarios.faults import Chaos
+
+    chaos = Chaos.__new__(Chaos)
+    chaos.broken = {("n1", "gpu", 3), ("n1", "link", 3), ("n2", "link", 5)}
+    must = {"n1-gpu3", "n2-link-5-sw-nvswitch"}
+    assert chaos.reported(must)
+    assert chaos.reported(must | {"n1-link-3-sw-nvswitch"})  # the lost GPU's own port
+    assert not chaos.reported({"n1-gpu3"})  # a fault not reported yet
+    assert not chaos.reported(must | {"n3-gpu0"})  # a mended device not resolved yet

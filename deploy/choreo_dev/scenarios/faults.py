@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from choreo_dev.observe import GROUP
 from choreo_dev.scenarios import invariants
 from choreo_dev.scenarios.latency import Sampler, quantile
 from choreo_dev.scenarios.world import World, wait
@@ -84,6 +85,17 @@ class Chaos:
         self.broken.add(key)
         return f"fail-{kind}"
 
+    def reported(self, open_names: set[str]) -> bool:
+        """The open DeviceFailures are the faults still open. An agent reports only the root
+        cause, so the port of a lost GPU may or may not have a failure of its own."""
+        lost = {(node, gpu) for node, kind, gpu in self.broken if kind == "gpu"}
+        name = {(node, kind, gpu): f"{node}-gpu{gpu}" if kind == "gpu"
+                else f"{node}-link-{gpu}-sw-nvswitch" for node, kind, gpu in self.broken}
+        must = {n for (node, kind, gpu), n in name.items()
+                if kind == "gpu" or (node, gpu) not in lost}
+        may = set(name.values()) | {f"{node}-link-{gpu}-sw-nvswitch" for node, gpu in lost}
+        return must <= open_names <= may
+
     def crash(self, name: str) -> str:
         if name in self.down or not self.w.stack.alive(name):
             return "skip"
@@ -115,6 +127,11 @@ class Chaos:
         if roll < 0.8:
             return self.fault()
         return self.crash("operator" if roll < 0.9 else "synthesizer")
+
+
+def open_failures(w: World) -> set[str]:
+    items = w.client.get(f"{GROUP}/devicefailures")["items"]
+    return {d["metadata"]["name"] for d in items if not d["spec"].get("resolved")}
 
 
 def setup(w: World, nodes: int, tenants: int, scripts: Path) -> list[str]:
@@ -176,6 +193,12 @@ def run(w: World, seed: int, duration: float, nodes: int = 8, tenants: int = 4,
         say(f"chaos over: {sum(result.actions.values())} actions, {result.open_faults} faults "
             "left open; waiting for the operator to catch up")
         settled = time.monotonic()
+        # The agents first: a fault injected last is reported within two polls, a mended
+        # device only after its hold (doubled on every relapse), so the API shows exactly
+        # the faults left open before the operator can be expected to match them.
+        wait(lambda: chaos.reported(open_failures(w)), converge_timeout,
+             f"the agents to report exactly the {len(chaos.broken)} faults left open", w,
+             interval=1.0)
         wait(lambda: not invariants.converged(w.client), converge_timeout,
              "every tenant to converge on the current fabric", w, interval=1.0)
         result.converge_seconds = time.monotonic() - settled
