@@ -335,7 +335,8 @@ class Demo:
     def print_metrics(self) -> None:
         assert self.env is not None
         prom = promql.Prometheus(self.env.prometheus_url)
-        self.wait(lambda: prom.query("sum(choreo_resynthesis_total{result=\"ok\"}) >= 4"), 30,
+        # two first schedules, two around the failures, two back after recovery
+        self.wait(lambda: prom.query("sum(choreo_resynthesis_total{result=\"ok\"}) >= 6"), 30,
                   "Prometheus to scrape the last resyntheses")
         queries = {
             "choreo_tenant_predicted_busbw_bytes_per_second / 1e9":

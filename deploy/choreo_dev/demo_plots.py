@@ -118,15 +118,18 @@ def timeline_png(marks: Sequence[Mark], spans: Sequence[tuple[str, float, float]
         ax.annotate(f"{t1 - t0:.2f} s", ((t0 + t1) / 2, y[lane] + 0.18), ha="center",
                     fontsize=8)
     seen: set[str] = set()
-    for m in marks:
+    placed: dict[str, int] = {}
+    for m in sorted(marks, key=lambda m: (m.lane, m.at)):
         marker, color = _STYLE[m.kind]
         ax.scatter([m.at], [y[m.lane]], marker=marker, color=color, s=70, zorder=3,
                    label=m.kind if m.kind not in seen else None)
         seen.add(m.kind)
-        ax.annotate(m.label, (m.at, y[m.lane] - 0.3), ha="center", fontsize=7, rotation=0)
+        k = placed[m.lane] = placed.get(m.lane, -1) + 1  # alternate rows: close marks
+        ax.annotate(m.label, (m.at, y[m.lane] - 0.25 - 0.17 * (k % 2)), ha="center",
+                    fontsize=7)
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels(lanes)
-    ax.set_ylim(-0.7, len(lanes) - 0.4)
+    ax.set_ylim(-0.8, len(lanes) - 0.4)
     ax.set_xlabel("seconds since the demo started")
     ax.set_title("resynthesis timeline: fault injected -> DeviceFailure -> new ConfigMap")
     ax.legend(loc="upper left", fontsize=8, ncol=4)
