@@ -58,12 +58,13 @@ def test_sigterm_drains_in_flight_work_and_refuses_new(
     channel = open_channel(server.address)
     client = Client(channel)
     call = client.future(_medium_request(), timeout=300)  # type: ignore[arg-type]
-    end = time.monotonic() + 30
+    # generous bounds: the machine may be shared; the assertions are about order, not speed
+    end = time.monotonic() + 90
     while "choreo_synthesizer_workers_busy 1.0" not in _scrape(server.metrics_port):
         assert time.monotonic() < end, "the request never started"
         time.sleep(0.05)
     server.terminate()
-    end = time.monotonic() + 10
+    end = time.monotonic() + 30
     while _health(server.address) != NOT_SERVING:
         assert time.monotonic() < end, "health stayed SERVING after SIGTERM"
         time.sleep(0.02)
@@ -84,7 +85,7 @@ def test_sigterm_grace_period_cancels_what_is_left(
     wait_serving(server.address)
     with open_channel(server.address) as channel:
         call = Client(channel).future(_medium_request(), timeout=300)  # type: ignore[arg-type]
-        end = time.monotonic() + 30
+        end = time.monotonic() + 90
         while "choreo_synthesizer_workers_busy 1.0" not in _scrape(server.metrics_port):
             assert time.monotonic() < end
             time.sleep(0.05)
@@ -94,7 +95,7 @@ def test_sigterm_grace_period_cancels_what_is_left(
             call.result(timeout=60)
         assert info.value.code() is grpc.StatusCode.UNAVAILABLE
         assert server.proc.wait(timeout=30) == 0
-        assert time.monotonic() - t0 < 15
+        assert time.monotonic() - t0 < 30  # grace 1 s: far less than the 120 s drain above
 
 
 # ---- TLS -----------------------------------------------------------------------------------
