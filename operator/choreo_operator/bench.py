@@ -186,6 +186,12 @@ def run(nodes: int, tenants: int, reps: int, keep: Path | None) -> list[Row]:
     return rows
 
 
+def _exit_once(*_: object) -> None:
+    """Unwind into the cleanup; a second SIGTERM must not interrupt that cleanup."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(143)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m choreo_operator.bench",
                                 description=__doc__.splitlines()[0])
@@ -194,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5, help="repetitions of the latency runs")
     p.add_argument("--keep", type=Path, help="work directory to keep (logs, state)")
     args = p.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup on SIGTERM
+    signal.signal(signal.SIGTERM, _exit_once)  # run the cleanup on SIGTERM
     if args.nodes < 136 + args.tenants - 2:
         print("error: --nodes must leave at least one node per small tenant", file=sys.stderr)
         return 2
