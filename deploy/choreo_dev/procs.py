@@ -116,22 +116,15 @@ def stop(record: ProcRecord, timeout: float = STOP_TIMEOUT) -> None:
     if not is_alive(record):
         _reap(record.pid)
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(record.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _reap(record.pid)
-        if not is_alive(record):
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(record.pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _reap(record.pid)
-        if not is_alive(record):
-            return
-        time.sleep(0.05)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            _reap(record.pid)
+            if not is_alive(record):
+                return
+            time.sleep(0.05)
 
 
 def stop_all(run_dir: Path, names: Sequence[str]) -> list[ProcRecord]:
