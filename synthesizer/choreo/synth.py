@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -41,7 +41,6 @@ class SynthOptions:
     replacement: bool = True
     relay: bool = True
     degrees: tuple[int, ...] | None = None
-    progress: Callable[[str], None] | None = field(default=None, compare=False)
 
 
 def auto_chunks(topology: Topology, collective: Collective, size: int, n: int) -> int:

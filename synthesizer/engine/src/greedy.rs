@@ -597,13 +597,14 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
     let relays = (0..l).any(|i| target_count[p.link_dst[i] as usize] < k);
     // With every link equally fast a transfer already under way can never be beaten.
     let replacement = opt.replacement && !uniform_links(p);
+    let faster_in = fast_islands(p, &link_order_key);
     let mut st = State {
         p,
         k,
         rng: fastrand::Rng::with_seed(opt.seed),
         replacement,
         exclusive: opt.exclusive,
-        faster_in: fast_islands(p, &link_order_key),
+        faster_in,
         in_nodes,
         have: BitMatrix::new(n, k),
         need: want.clone(),
@@ -617,7 +618,7 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
         link_free_at: p.link_free_at.clone(),
         link_epoch: vec![0; l],
         link_idle: vec![false; l],
-        link_order_key: link_order_key.clone(),
+        link_order_key,
         out_links,
         classes: class_ranges(p)?,
         events: BinaryHeap::new(),
