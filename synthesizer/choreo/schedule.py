@@ -58,6 +58,12 @@ class Schedule:
         if len(sizes) != 1:
             raise ValueError(f"schedule columns differ in length: {sizes}")
 
+    @classmethod
+    def empty(cls, fabric: Topology, topology: Topology, demands: tuple[Demand, ...]) -> Schedule:
+        """No transfers: what a collective needs when its data is already in place."""
+        z = np.zeros(0)
+        return cls(fabric, topology, demands, z, z, z, z, z, z, z, z)
+
     def __len__(self) -> int:
         return len(self.tenant)
 
