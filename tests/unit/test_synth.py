@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -10,9 +12,9 @@ from choreo.errors import InfeasibleError, InputError
 from choreo.generators import build
 from choreo.schedule import Op
 from choreo.simulate import simulate
-from choreo.synth import SynthOptions, auto_chunks, synthesize
+from choreo.synth import SynthOptions, auto_chunks, equalized, synthesize
 from choreo.transforms import apply_failures
-from choreo.verify import verify
+from choreo.verify import check, verify
 
 MIB = 1 << 20
 
@@ -211,3 +213,27 @@ def test_tenants_sharing_a_nic_uplink_split_it():
     uplink = next(i for i, lk in enumerate(fabric.links) if (lk.src, lk.dst) == (4, 6))
     riding = [lk.bandwidth for lk in sched.topology.links if uplink in lk.via]
     assert len(riding) == 2 and sum(riding) <= 50e9 * (1 + 1e-9)
+
+
+def test_equalized_groups_near_equal_values_toward_the_safe_side():
+    bw = np.array([300.0, 25.0, 299.0, 301.5, 25.4, 450.0])
+    eq = equalized(bw, up=False)
+    assert eq.tolist() == [299.0, 25.0, 299.0, 299.0, 25.0, 450.0]
+    alpha = np.array([1.0, 1.01, 2.0])
+    assert equalized(alpha, up=True).tolist() == [1.01, 1.01, 2.0]
+    assert np.all(equalized(bw, up=False) <= bw) and np.all(equalized(alpha, up=True) >= alpha)
+
+
+@pytest.mark.parametrize("name", ["dgx-h100-2", "switch2d-8x4", "torus-4x4"])
+def test_measurement_noise_on_bandwidths_does_not_derail_the_schedule(name: str):
+    """Links measured 0.5% apart must plan like equal ones (within the noise), not scatter
+    the rounds of the greedy matching."""
+    topo = build(name)
+    rng = np.random.default_rng(7)
+    noisy = topo.with_links([replace(lk, bandwidth=lk.bandwidth * (1 + rng.uniform(-0.005, 0.005)))
+                             for lk in topo.links])
+    d = Demand(Collective.ALLGATHER, tuple(topo.npus), 1 << 28, 1)
+    clean = synthesize(topo, [d], SynthOptions(relay=False, restarts=1))
+    rough = synthesize(noisy, [d], SynthOptions(relay=False, restarts=1))
+    check(rough)
+    assert rough.makespan <= clean.makespan * 1.02
