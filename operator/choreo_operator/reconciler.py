@@ -118,6 +118,7 @@ class JobState:
     config_map: str | None = None
     keep: set[str] = field(default_factory=set)  # ConfigMaps of the current schedule
     mounted: frozenset[str] | None = None
+    bucket_cap: int | None = None  # fewer size buckets, learned when files were too large
 
 
 def job_path(namespace: str, name: str, sub: str = "") -> str:
@@ -258,8 +259,10 @@ class Reconciler:
                                                   healthy_slots(placements[j.key], fabric)),
                                      j.collectives, j.weight) for j in group_jobs]
             first = group_jobs[0]
+            buckets = min([self.settings.max_buckets] + [
+                cap for j in group_jobs if (cap := self._state(j).bucket_cap) is not None])
             options = RequestOptions(first.dialect, first.instances, first.protocol,
-                                     self.settings.restarts, self.settings.max_buckets,
+                                     self.settings.restarts, buckets,
                                      self.settings.call_timeout_seconds)
             fingerprint = sub.fingerprint()
             ranks = {j.key: [(s.pod, s.node, s.gpu) for s in
@@ -454,6 +457,18 @@ class Reconciler:
                                                   plan.inputs_hash, plan.fingerprint,
                                                   self.settings.split_bytes)
         too_big = results.oversized(bodies)
+        used = max((len(c.buckets) for c in result.collectives), default=1)
+        if too_big and used > 1:
+            # Fewer size buckets mean fewer files per ConfigMap: try the count that fits.
+            largest = max(results.data_bytes(b) for b in bodies)
+            cap = max(1, min(used - 1, int(used * 0.9 * results.CONFIGMAP_MAX_BYTES / largest)))
+            self._state(job).bucket_cap = cap
+            metrics.RESYNTHESES.labels(reason=reason, result="too_large").inc()
+            await self._update_jobs([job], {"Synthesizing": (
+                True, "FewerSizeBuckets", f"{too_big}; synthesizing again with {cap} size "
+                f"bucket(s) instead of {used}")}, event=("Normal", "FewerSizeBuckets"))
+            self.poke("retry")
+            return
         if too_big:
             # The API server would refuse it on every retry: say so once, keep what pods have.
             self._state(job).inputs_hash = plan.inputs_hash

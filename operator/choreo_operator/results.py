@@ -135,10 +135,15 @@ def config_maps(job: JobSpec, schedule: Schedule, pod_ranks: Mapping[str, tuple[
 CONFIGMAP_MAX_BYTES = 1 << 20  # the API server's limit on a ConfigMap's data
 
 
+def data_bytes(body: dict[str, Any]) -> int:
+    """What the API server counts against a ConfigMap's limit."""
+    return sum(len(k) + len(v.encode()) for k, v in body["data"].items())
+
+
 def oversized(bodies: Sequence[dict[str, Any]]) -> str:
     """Why these ConfigMaps cannot be created (one is over the API server's limit), or ""."""
     for body in bodies:
-        size = sum(len(k) + len(v.encode()) for k, v in body["data"].items())
+        size = data_bytes(body)
         if size > CONFIGMAP_MAX_BYTES:
             return (f"ConfigMap {body['metadata']['name']} would hold {size / 2**20:.2f} MiB, over "
                     "the 1 MiB a ConfigMap may hold even with one part per pod; lower "

@@ -214,3 +214,40 @@ def test_a_schedule_too_large_for_configmaps_is_reported_once_not_retried() -> N
     reason = {c["type"]: c["reason"] for c in final["conditions"]}
     assert final["phase"] == "Degraded" and reason["Degraded"] == "ScheduleTooLarge"
     assert "1 MiB" in str(final["conditions"]) and final["lastSynthesis"]["inputsHash"]
+
+
+def test_files_too_large_for_a_configmap_are_synthesized_again_with_fewer_buckets() -> None:
+    class BucketSynth(FakeSynth):
+        """One ~0.4 MiB file per size bucket, as many buckets as the request allows."""
+
+        async def synthesize(self, request: Any, timeout: float) -> Any:
+            resp = await super().synthesize(request, timeout)
+            for t in resp.tenants:
+                for c in t.collectives:
+                    first = c.buckets[0]
+                    del c.buckets[:]
+                    for _ in range(request.options.max_buckets):
+                        b = c.buckets.add()
+                        b.CopyFrom(first)
+                        b.xml = first.xml.replace("</algo>", " " * (400 << 10) + "</algo>")
+            return resp
+
+    api, synth = FakeApi(), BucketSynth()
+    rec = Reconciler(lambda: _inputs([]), api, synth,
+                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+
+    async def main() -> None:
+        await rec.round({"job"}, 0.0)
+        for flight in list(rec.flights.values()):
+            await flight.task
+        reasons, _ = await asyncio.wait_for(rec.debouncer.wait(), 5)
+        await rec.round(reasons, 0.0)
+        for flight in list(rec.flights.values()):
+            await flight.task
+
+    asyncio.run(main())
+    assert [c.options.max_buckets for c in synth.calls] == [4, 2]  # 1.6 MiB -> 2 buckets
+    final = api.status("a")
+    assert final["phase"] == "Ready" and final["files"] == ["grads-0.xml", "grads-1.xml"]
+    assert any(s.get("conditions") and "FewerSizeBuckets" in str(s["conditions"])
+               for s in api.statuses("a"))
