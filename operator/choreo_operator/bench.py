@@ -74,10 +74,12 @@ class Bench:
             "spec": {"node": node, "device": {"type": "gpu", "gpu": gpu}, "source": "agent"}})
 
     def settled(self, jobs: dict[str, list[str]]) -> dict[str, str] | None:
-        """Each job's phase once none is still waiting for its first schedule."""
-        phases = {j: str(self.status(j).get("phase", "Pending")) for j in jobs}
-        done = all(p in ("Ready", "Degraded", "Infeasible") for p in phases.values())
-        return phases if done else None
+        """Each job's phase once none is synthesizing or retrying any more."""
+        docs = {j: self.status(j) for j in jobs}
+        busy = [j for j, st in docs.items() if st.get("phase", "Pending") == "Pending" or any(
+            c.get("type") == "Synthesizing" and c.get("status") == "True"
+            for c in st.get("conditions", []))]
+        return None if busy else {j: str(st["phase"]) for j, st in docs.items()}
 
     def latency_row(self, job: str, nodes: list[str], reps: int, timeout: float,
                     target: float) -> Row:
