@@ -453,9 +453,10 @@ class Reconciler:
                 "Synthesizing": (False, "Done", "the new schedule failed verification")},
                 event=("Warning", "VerificationFailed"))
             return
-        name, parts, bodies = results.config_maps(job, schedule, pod_ranks, pl.pod_index,
-                                                  plan.inputs_hash, plan.fingerprint,
-                                                  self.settings.split_bytes)
+        # Splitting megabytes of XML per pod takes a while: keep the event loop answering.
+        name, parts, bodies = await asyncio.to_thread(
+            results.config_maps, job, schedule, pod_ranks, pl.pod_index, plan.inputs_hash,
+            plan.fingerprint, self.settings.split_bytes)
         too_big = results.oversized(bodies)
         used = max((len(c.buckets) for c in result.collectives), default=1)
         if too_big and used > 1:

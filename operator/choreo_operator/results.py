@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from choreo.msccl.split import split_per_node
 from choreo_operator.model import GROUP, JobSpec
 
 SPLIT_BYTES = 900 * 1024  # below the 1 MiB object limit, leaving room for metadata
@@ -94,15 +94,6 @@ def base_name(job: str, content_hash: str) -> str:
     return f"{job[:230]}-{content_hash[:10]}"
 
 
-def split_for_ranks(xml: str, first: int, last: int) -> str:
-    """The same algorithm keeping only the ``<gpu>`` elements of ranks first..last."""
-    root = ET.fromstring(xml)
-    for gpu in list(root.findall("gpu")):
-        if not first <= int(gpu.get("id", "-1")) <= last:
-            root.remove(gpu)
-    return ET.tostring(root, encoding="unicode")
-
-
 @dataclass(frozen=True)
 class Part:
     name: str
@@ -122,10 +113,15 @@ def config_maps(job: JobSpec, schedule: Schedule, pod_ranks: Mapping[str, tuple[
     size = sum(len(k) + len(v) for k, v in data.items())
     if size <= split_bytes or not pod_ranks:
         return name, [], [_body(job, name, data, digest, inputs_hash, fingerprint)]
+    part_of_rank = [""] * len(schedule.ranks)
+    for first, last in pod_ranks.values():
+        part_of_rank[first:last + 1] = [f"r{first}"] * (last + 1 - first)
+    # One parse per file, not one per pod: large tenants have megabytes per file.
+    split = {k: split_per_node(v, part_of_rank) for k, v in schedule.files.items()}
     parts, bodies = [], []
     for pod, (first, last) in sorted(pod_ranks.items(), key=lambda x: x[1]):
         part = f"{name}-r{first}"
-        files = {k: split_for_ranks(v, first, last) for k, v in schedule.files.items()}
+        files = {k: split[k][f"r{first}"] for k in schedule.files}
         files[RANKS_KEY] = data[RANKS_KEY]
         parts.append(Part(part, first, last, pod_index.get(pod, first)))
         bodies.append(_body(job, part, files, digest, inputs_hash, fingerprint))

@@ -22,6 +22,12 @@ from choreo_operator.synthclient import Outcome, SynthesisError
 XML = '<algo ngpus="{n}"></algo>'
 
 
+def _padded(n: int, per_gpu: int) -> str:
+    """An algorithm of ``n`` ranks whose every ``<gpu>`` takes ``per_gpu`` bytes."""
+    gpus = "".join(f'<gpu id="{r}">{" " * per_gpu}</gpu>' for r in range(n))
+    return f'<algo ngpus="{n}">{gpus}</algo>'
+
+
 class FakeApi:
     def __init__(self) -> None:
         self.objects: dict[str, Any] = {}
@@ -203,7 +209,7 @@ def test_a_schedule_too_large_for_configmaps_is_reported_once_not_retried() -> N
             for t in resp.tenants:
                 for c in t.collectives:
                     for b in c.buckets:
-                        b.xml = '<algo ngpus="8">' + " " * (3 << 20) + "</algo>"
+                        b.xml = _padded(8, 1 << 20)
             return resp
 
     api, synth = FakeApi(), HugeSynth()
@@ -229,7 +235,7 @@ def test_files_too_large_for_a_configmap_are_synthesized_again_with_fewer_bucket
                     for _ in range(request.options.max_buckets):
                         b = c.buckets.add()
                         b.CopyFrom(first)
-                        b.xml = first.xml.replace("</algo>", " " * (400 << 10) + "</algo>")
+                        b.xml = _padded(8, 100 << 10)  # 0.4 MiB per 4-GPU pod
             return resp
 
     api, synth = FakeApi(), BucketSynth()
