@@ -466,8 +466,9 @@ class Reconciler:
             self._state(job).bucket_cap = cap
             metrics.RESYNTHESES.labels(reason=reason, result="too_large").inc()
             await self._update_jobs([job], {"Synthesizing": (
-                True, "FewerSizeBuckets", f"{too_big}; synthesizing again with {cap} size "
-                f"bucket(s) instead of {used}")}, event=("Normal", "FewerSizeBuckets"))
+                True, "FewerSizeBuckets", f"a pod's ConfigMap would hold {largest / 2**20:.2f} "
+                f"MiB, over the 1 MiB limit; synthesizing again with {cap} size bucket(s) "
+                f"instead of {used}")}, event=("Normal", "FewerSizeBuckets"))
             self.poke("retry")
             return
         if too_big:
