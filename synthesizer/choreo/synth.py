@@ -283,18 +283,15 @@ def equalized(values: np.ndarray, up: bool, tolerance: float = EQUAL_WITHIN) -> 
     its slowest member: the largest alpha (``up``) or the smallest bandwidth, so every planned
     transfer still lasts at least its true ``alpha + bytes / bandwidth``.
     """
-    out = np.asarray(values, dtype=np.float64).copy()
-    if len(out) == 0:
-        return out
-    order = np.argsort(out, kind="stable")
-    sorted_v = out[order]
+    values = np.asarray(values, dtype=np.float64)
+    distinct, index = np.unique(values, return_inverse=True)  # few, even on large fabrics
+    slowest = distinct.copy()
     group_start = 0
-    for k in range(1, len(sorted_v) + 1):
-        if k == len(sorted_v) or sorted_v[k] > sorted_v[group_start] * (1 + tolerance) + 1e-300:
-            members = order[group_start:k]
-            out[members] = sorted_v[k - 1] if up else sorted_v[group_start]
+    for k in range(1, len(distinct) + 1):
+        if k == len(distinct) or distinct[k] > distinct[group_start] * (1 + tolerance):
+            slowest[group_start:k] = distinct[k - 1] if up else distinct[group_start]
             group_start = k
-    return out
+    return slowest[index.reshape(values.shape)]
 
 
 def _members(demands: tuple[Demand, ...]) -> dict[str, np.ndarray]:
