@@ -1,9 +1,12 @@
 """The one schedule type of choreo, produced by every engine and consumed by everything else.
 
 Transfers are stored as columns (numpy arrays) because large fabrics produce millions of them.
-Transfer ``i`` moves chunk ``chunk[i]`` of tenant ``tenant[i]`` from NPU ``src[i]`` to NPU
-``dst[i]`` over link ``link[i]`` of ``topology`` during ``[start[i], end[i])`` seconds;
-``op[i]`` says whether the receiver overwrites (COPY) or accumulates (REDUCE) its copy.
+Transfer ``i`` moves chunks ``chunk[i] .. chunk[i] + count[i] - 1`` of tenant ``tenant[i]``
+from NPU ``src[i]`` to NPU ``dst[i]`` over link ``link[i]`` of ``topology`` during
+``[start[i], end[i])`` seconds, so it lasts at least ``alpha + count * chunk_bytes /
+bandwidth``; ``op[i]`` says whether the receiver overwrites (COPY) or accumulates (REDUCE) its
+copies. The engines move one chunk per transfer (``count`` 1); the hierarchical plans of very
+large tenants move ranges, which keeps their schedules linear in the number of ranks.
 ``topology`` is the graph the link ids refer to; when it was derived from the physical
 ``fabric`` (switches unwound), its links name their physical links in ``via``.
 """
@@ -23,8 +26,8 @@ import numpy as np
 from choreo.collectives import Collective, Demand
 from choreo.topology import Topology
 
-COLUMNS = ("tenant", "chunk", "src", "dst", "link", "start", "end", "op")
-_INT_COLUMNS = ("tenant", "chunk", "src", "dst", "link")
+COLUMNS = ("tenant", "chunk", "src", "dst", "link", "start", "end", "op", "count")
+_INT_COLUMNS = ("tenant", "chunk", "src", "dst", "link", "count")
 
 
 class Op(IntEnum):
@@ -47,8 +50,11 @@ class Schedule:
     op: np.ndarray
     engine: str = "greedy"
     meta: dict[str, Any] = field(default_factory=dict)
+    count: np.ndarray = None  # type: ignore[assignment]  # None means one chunk each
 
     def __post_init__(self) -> None:
+        if self.count is None:
+            self.count = np.ones(len(self.tenant), dtype=np.int32)
         for name in _INT_COLUMNS:
             setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=np.int32))
         self.start = np.ascontiguousarray(self.start, dtype=np.float64)
@@ -62,10 +68,21 @@ class Schedule:
     def empty(cls, fabric: Topology, topology: Topology, demands: tuple[Demand, ...]) -> Schedule:
         """No transfers: what a collective needs when its data is already in place."""
         z = np.zeros(0)
-        return cls(fabric, topology, demands, z, z, z, z, z, z, z, z)
+        return cls(fabric, topology, demands, z, z, z, z, z, z, z, z, count=z)
 
     def __len__(self) -> int:
         return len(self.tenant)
+
+    @property
+    def ranged(self) -> bool:
+        """Whether some transfer moves more than one chunk."""
+        return bool(len(self.count)) and int(self.count.max()) > 1
+
+    def expanded(self) -> tuple[np.ndarray, np.ndarray]:
+        """One row per moved chunk: (transfer index, chunk) arrays."""
+        idx = np.repeat(np.arange(len(self), dtype=np.int64), self.count)
+        first = np.repeat(np.cumsum(self.count, dtype=np.int64) - self.count, self.count)
+        return idx, self.chunk[idx] + (np.arange(len(idx), dtype=np.int64) - first)
 
     @property
     def makespan(self) -> float:
@@ -114,7 +131,8 @@ class Schedule:
         topo = (Topology.from_dict(doc["topology"], "schedule.topology")
                 if doc.get("topology") else fabric)
         demands = tuple(demand_from_dict(d) for d in doc["demands"])
-        cols = {name: np.asarray(doc["transfers"][name]) for name in COLUMNS}
+        transfers = doc["transfers"]
+        cols = {name: np.asarray(transfers[name]) for name in COLUMNS if name in transfers}
         return cls(fabric, topo, demands, engine=doc.get("engine", "unknown"),
                    meta=doc.get("meta", {}), **cols)
 

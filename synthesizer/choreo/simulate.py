@@ -3,13 +3,13 @@
 A schedule's own times are a plan; this module replays the plan on the fabric and says when
 each transfer really runs. The model (resources as in ``choreo.resources``):
 
-* every transfer lasts ``alpha + chunk_bytes / bandwidth`` of its link;
+* every transfer lasts ``alpha + count * chunk_bytes / bandwidth`` of its link;
 * each resource serves its transfers one at a time, first come first served in the order of
   the planned start times (ties by transfer index): a fractional share is its own resource
   (and reserves its slice of the port, so a circuit on that port waits for it); a circuit
   holds every physical link on its path;
-* store-and-forward: a transfer waits for the transfers of the same tenant and chunk into its
-  source that were planned to end by its planned start.
+* store-and-forward: a transfer waits for the transfers of the same tenant into its source
+  that carry one of its chunks and were planned to end by its planned start.
 
 Because every resource predecessor and every dependency is planned to start earlier, one pass
 in planned start order computes all times; a plan that is itself feasible is never delayed.
@@ -47,12 +47,12 @@ class SimResult:
 
 
 def durations(schedule: Schedule) -> np.ndarray:
-    """alpha + chunk_bytes / bandwidth for each transfer on its own link."""
+    """alpha + count * chunk_bytes / bandwidth for each transfer on its own link."""
     topo = schedule.topology
     alpha = np.array([lk.alpha for lk in topo.links])
     bw = np.array([lk.bandwidth for lk in topo.links])
     cb = np.array([d.chunk_bytes for d in schedule.demands])
-    return alpha[schedule.link] + cb[schedule.tenant] / bw[schedule.link]
+    return alpha[schedule.link] + schedule.count * cb[schedule.tenant] / bw[schedule.link]
 
 
 def simulate(schedule: Schedule) -> SimResult:
@@ -121,6 +121,51 @@ def _slots(
     )
 
 
+@dataclass
+class Atoms:
+    """Read and write rows (transfer, atom), one per *atom* a transfer touches, in chunk order.
+
+    A node's atoms cut the tenants' chunk space at every range boundary read from or written
+    to that node, so two chunks of one atom always travel together there and one key stands
+    for all of them: a schedule of single chunks gets one atom per chunk copy, a range of many
+    chunks only as many atoms as it has boundaries inside. Atom ``a`` starts at tenant-wide
+    chunk ``cuts[a] % span`` and ends where atom ``a + 1`` starts.
+    """
+
+    reads: tuple[np.ndarray, np.ndarray]
+    writes: tuple[np.ndarray, np.ndarray]
+    cuts: np.ndarray
+    span: int
+
+    @property
+    def count(self) -> int:
+        return len(self.cuts)
+
+
+def node_atoms(s: Schedule) -> Atoms:
+    """The atoms of ``s`` (see ``Atoms``)."""
+    m = len(s)
+    off = np.zeros(len(s.demands) + 1, dtype=np.int64)
+    off[1:] = np.cumsum([d.num_chunks for d in s.demands])
+    span = int(off[-1]) + 1
+    lo = off[s.tenant] + s.chunk
+    hi = lo + s.count
+    src, dst = s.src.astype(np.int64), s.dst.astype(np.int64)
+    cuts = np.unique(np.concatenate([src * span + lo, src * span + hi,
+                                     dst * span + lo, dst * span + hi]))
+
+    def rows(node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        first = np.searchsorted(cuts, node * span + lo)
+        if not s.ranged:
+            return np.arange(m, dtype=np.int64), first.astype(np.int64)
+        n_atoms = np.searchsorted(cuts, node * span + hi) - first
+        t = np.repeat(np.arange(m, dtype=np.int64), n_atoms)
+        start = np.repeat(np.cumsum(n_atoms) - n_atoms, n_atoms)
+        return t, np.repeat(first, n_atoms) + np.arange(len(t)) - start
+
+    return Atoms(rows(src), rows(dst), cuts, span)
+
+
 def _run(
     s: Schedule,
     dur: np.ndarray,
@@ -130,43 +175,45 @@ def _run(
     nslots: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The one sequential pass; dependencies are prefix maxima over arrivals sorted by planned
-    end, so each transfer costs O(1) amortized Python work."""
+    end, so each transfer costs O(1) amortized Python work per atom it reads."""
     m = len(s)
-    nn = s.topology.num_nodes
-    off = np.zeros(len(s.demands) + 1, dtype=np.int64)
-    off[1:] = np.cumsum([d.num_chunks for d in s.demands])
-    g = off[s.tenant] + s.chunk
-    keys, inv = np.unique(np.concatenate([g * nn + s.dst, g * nn + s.src]), return_inverse=True)
-    kw, kr = inv[:m].astype(np.int64), inv[m:].astype(np.int64)
+    atoms = node_atoms(s)
+    (rt, kr), (wt, kw) = atoms.reads, atoms.writes
+    nkeys = atoms.count
     thr = s.start + EPS
     times = np.unique(np.concatenate([s.end, thr]))
     big = len(times) + 1
-    cw = kw * big + np.searchsorted(times, s.end)
+    cw = kw * big + np.searchsorted(times, s.end)[wt]
     arr = np.argsort(cw, kind="stable")
     cw_sorted = cw[arr]
-    hi = np.searchsorted(cw_sorted, kr * big + np.searchsorted(times, thr), side="right")
-    ptr = np.searchsorted(cw_sorted, np.arange(len(keys), dtype=np.int64) * big).tolist()
-    rmax = [0.0] * len(keys)
+    hi = np.searchsorted(cw_sorted, kr * big + np.searchsorted(times, thr)[rt], side="right")
+    ptr = np.searchsorted(cw_sorted, np.arange(nkeys, dtype=np.int64) * big).tolist()
+    rmax = [0.0] * nkeys
     free = [0.0] * nslots
     aend = [0.0] * m
     astart = [0.0] * m
-    arr_l = arr.tolist()
+    writer = wt[arr].tolist()
+    first_read = np.searchsorted(rt, np.arange(m + 1)).tolist()
     kr_l, hi_l, dur_l = kr.tolist(), hi.tolist(), dur.tolist()
     krow_l = krow.tolist()
     order = np.argsort(s.start, kind="stable").tolist()
     for t in order:
-        key = kr_l[t]
-        h = hi_l[t]
-        p = ptr[key]
-        ready = rmax[key]
-        if p < h:
-            while p < h:
-                e = aend[arr_l[p]]
-                if e > ready:
-                    ready = e
-                p += 1
-            ptr[key] = p
-            rmax[key] = ready
+        ready = 0.0
+        for q in range(first_read[t], first_read[t + 1]):
+            key = kr_l[q]
+            h = hi_l[q]
+            p = ptr[key]
+            got = rmax[key]
+            if p < h:
+                while p < h:
+                    e = aend[writer[p]]
+                    if e > got:
+                        got = e
+                    p += 1
+                ptr[key] = p
+                rmax[key] = got
+            if got > ready:
+                ready = got
         row = krow_l[t]
         for w in waits[row]:
             f = free[w]

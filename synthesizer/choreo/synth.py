@@ -6,7 +6,9 @@ links and then inverted in time (SCCL/TACOS): ReduceScatter from AllGather, Redu
 Broadcast; AllReduce is that ReduceScatter followed by an AllGather whose chunks start as
 soon as their reduction is complete. All tenants are matched jointly in each phase, so no
 link is booked twice. Fabrics with switches are unwound into point-to-point links for a few
-degrees and the fastest result is kept.
+degrees and the fastest result is kept. AllReduce tenants larger than ``large_tenant`` ranks
+on multi-GPU hosts get the rail-aligned hierarchical plan instead (``choreo.hierarchy``),
+whose schedule stays linear in the ranks where chunk matching would be quadratic.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError, InputError
+from choreo.hierarchy import LARGE_TENANT, applies, hierarchical
 from choreo.schedule import Op, Schedule
 from choreo.topology import Link, Topology
 from choreo.transforms import restrict
@@ -42,6 +45,7 @@ class SynthOptions:
     replacement: bool = True
     relay: bool = True
     degrees: tuple[int, ...] | None = None
+    large_tenant: int = LARGE_TENANT  # ranks above which AllReduce is planned hierarchically
 
 
 def auto_chunks(topology: Topology, collective: Collective, size: int, n: int) -> int:
@@ -84,6 +88,8 @@ def synthesize(
     opts = options or SynthOptions()
     demands = tuple(demands)
     check_demands(fabric, demands, opts.relay)
+    if all(applies(fabric, d, opts.large_tenant) for d in demands):
+        return hierarchical(fabric, demands, opts.relay)
     views = _logical_views(fabric, demands, opts)
     # The engine releases the GIL, so the unwinding candidates run side by side.
     with ThreadPoolExecutor(max_workers=min(len(views), os.cpu_count() or 1)) as pool:

@@ -4,14 +4,15 @@ It trusts nothing an engine computed; it only reads the transfer columns, the to
 the demands, and checks the contract every engine shares:
 
 * **data**: each tenant/NPU/chunk holds a set of contributions (combining collectives) or is
-  present/absent. A transfer reads its source at ``start`` (arrivals with ``end <= start +
+  present/absent. A transfer of ``count`` chunks is that many chunk moves. It reads its
+  source at ``start`` (arrivals with ``end <= start +
   1e-12`` count) and the source must hold the chunk; at ``end`` COPY overwrites the
   destination with that snapshot and REDUCE adds it, which must not repeat a contribution.
   At the end every destination holds its chunk, for combining collectives with every rank's
   contribution exactly once.
 * **links**: the link exists, joins the transfer's NPUs, is healthy with live ends, its
   physical ``via`` links exist and are usable, and the transfer lasts at least
-  ``alpha + chunk_bytes / bandwidth``.
+  ``alpha + count * chunk_bytes / bandwidth``.
 * **resources** (see ``choreo.resources``): no two transfers overlap on one link; a circuit
   also excludes every other transfer on its physical links; fractional shares of a physical
   link never add up to more than its bandwidth. Failed NPUs are never touched.
@@ -44,7 +45,7 @@ CHECKS = (
     "link",  # link ends differ from the transfer's NPUs
     "health",  # unusable link, or a missing/unusable via link
     "failed",  # touches a failed NPU
-    "duration",  # shorter than alpha + bytes / bandwidth
+    "duration",  # shorter than alpha + count * chunk_bytes / bandwidth
     "op",  # REDUCE in a collective that does not combine
     "capacity",  # fractional shares exceed a physical link
     "overlap",  # two transfers on one exclusive resource at once
@@ -170,7 +171,7 @@ class _Verifier:
         tenant_ok = (s.tenant >= 0) & (s.tenant < nt)
         nchunks = np.array([d.num_chunks for d in s.demands] + [0], dtype=np.int64)
         limit = nchunks[np.where(tenant_ok, s.tenant, nt)]
-        chunk_ok = tenant_ok & (s.chunk >= 0) & (s.chunk < limit)
+        chunk_ok = tenant_ok & (s.chunk >= 0) & (s.count >= 1) & (s.chunk + s.count <= limit)
         node_ok = (s.src >= 0) & (s.src < nn) & (s.dst >= 0) & (s.dst < nn)
         link_ok = (s.link >= 0) & (s.link < nl)
         op_ok = (s.op == Op.COPY) | (s.op == Op.REDUCE)
@@ -182,7 +183,9 @@ class _Verifier:
             if not tenant_ok[i]:
                 return f"tenant {int(s.tenant[i])} does not exist ({nt} demand(s))"
             if not chunk_ok[i]:
-                return f"chunk {int(s.chunk[i])} is out of range 0..{nchunks[s.tenant[i]] - 1}"
+                last = int(s.chunk[i]) + int(s.count[i]) - 1
+                shown = f"chunk {int(s.chunk[i])}" + (f"..{last}" if last != s.chunk[i] else "")
+                return f"{shown} is out of range 0..{nchunks[s.tenant[i]] - 1}"
             if not node_ok[i]:
                 return f"node out of range 0..{nn - 1}"
             if not link_ok[i]:
@@ -258,7 +261,7 @@ class _Verifier:
             )
 
         cbytes = np.array([d.chunk_bytes for d in s.demands])[s.tenant[rows]]
-        need = alpha + cbytes / bw
+        need = alpha + s.count[rows] * cbytes / bw
         dur = s.end[rows] - s.start[rows]
         slack = need * DURATION_RTOL + 4 * np.spacing(np.maximum(np.abs(s.end[rows]), 1.0e-300))
         short = dur < need - slack
@@ -268,7 +271,7 @@ class _Verifier:
             rows[short],
             lambda i: (
                 f"lasts {float(s.end[i] - s.start[i]):.9g}s, link {int(s.link[i])} needs "
-                f"{needed[i]:.9g}s (alpha + chunk_bytes / bandwidth)"
+                f"{needed[i]:.9g}s (alpha + count * chunk_bytes / bandwidth)"
             ),
         )
 
@@ -383,7 +386,11 @@ class _Verifier:
         off = np.zeros(len(demands) + 1, dtype=np.int64)
         off[1:] = np.cumsum([d.num_chunks for d in demands])
         rows = np.flatnonzero(valid)
-        g = off[s.tenant[rows]] + s.chunk[rows]
+        chunk = s.chunk[rows].astype(np.int64)
+        if s.ranged:  # one row per chunk moved
+            picked, chunk = s.select(valid).expanded()
+            rows = rows[picked]
+        g = off[s.tenant[rows]] + chunk
         rkey_raw = g * nn + s.src[rows]
         wkey_raw = g * nn + s.dst[rows]
         dpairs = [destination_pairs(d) for d in demands]
@@ -408,10 +415,11 @@ class _Verifier:
         doubles = self._replay(rows, rk, wk, state, snap)
 
         empty = np.flatnonzero(snap == 0)
+        absent = dict(zip(rows[empty][::-1].tolist(), chunk[empty][::-1].tolist(), strict=True))
         self._report(
             "causality",
             rows[empty],
-            lambda i: f"{self._name(int(s.src[i]))} does not hold chunk {int(s.chunk[i])} yet",
+            lambda i: f"{self._name(int(s.src[i]))} does not hold chunk {absent[i]} yet",
         )
         self.counts["double"] += len(doubles)
         for i, overlap in doubles[: max(MAX_ERRORS - len(self.errors), 0)]:

@@ -30,7 +30,7 @@ def uniring(n: int) -> Topology:
 
 def make(fabric: Topology, topo: Topology, demand: Demand, rows: list[tuple[Any, ...]]) -> Schedule:
     cols: dict[str, Any] = {
-        name: np.array(col) for name, col in zip(COLUMNS, zip(*rows, strict=True), strict=True)
+        name: np.array(col) for name, col in zip(COLUMNS, zip(*rows, strict=True), strict=False)
     }
     return Schedule(fabric, topo, (demand,), **cols)
 

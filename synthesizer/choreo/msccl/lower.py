@@ -13,6 +13,11 @@ Buffers: a chunk a rank must output lives in ``o`` at its output offset; a chunk
 it is first written, so one file serves in-place and out-of-place calls. Data hazards between
 threadblocks of a rank (read after write, and for reductions write after read/write) become
 dependencies; several dependencies of one step become a ``nop`` chain.
+
+A transfer of several chunks (``Schedule.count``) becomes one step of that ``cnt``, cut into
+consecutive steps of at most ``MAX_CNT`` chunks. Hazards are tracked per *atom*: the pieces a
+rank's chunk space falls into at the boundaries of the ranges it sends and receives, so the
+analysis costs per range, not per chunk.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from choreo.msccl import layout
 from choreo.msccl.layout import (
     FIFO_CHUNKS,
     MAX_CHANNELS,
+    MAX_CNT,
     MAX_NODES,
     MAX_PEERS_PER_CHANNEL,
     MAX_STEPS,
@@ -39,6 +45,8 @@ from choreo.msccl.layout import (
 )
 from choreo.msccl.xmlmodel import Algo, Gpu, Step, Tb
 from choreo.schedule import Op, Schedule
+from choreo.simulate import node_atoms
+from choreo.verify import destination_pairs
 
 EPS = 1e-12  # seconds: an arrival this close after a send's start still feeds it (as verify)
 Loc = tuple[str, int]
@@ -52,6 +60,7 @@ class _Op:
     dst: Loc
     deps: list[int]  # event ids
     events: tuple[int, ...]
+    cnt: int = 1
 
 
 @dataclass
@@ -95,6 +104,9 @@ def lower(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", ins
     if not 0 <= tenant < len(schedule.demands):
         raise InputError(f"tenant: {tenant} is not in 0..{len(schedule.demands) - 1}")
     prog = _Program(schedule, tenant, dialect)
+    if instances > 1 and prog.ranged:
+        raise InputError(f"tenant {tenant}: transfers of several chunks need instances=1 "
+                         f"(got {instances}); instances interleave the chunks")
     limit = MAX_STEPS[dialect]
     epochs = 1
     while True:
@@ -128,11 +140,14 @@ class _Program:
         self.gid = np.flatnonzero(mask)
         if not len(self.gid):
             raise InputError(f"tenant {tenant}: the schedule has no transfers for it")
+        self.count = schedule.count[mask].astype(np.int64)
+        self.ranged = bool(self.count.max() > 1)
         self._ranks(schedule, mask)
         self.start = schedule.start[mask]
         self.end = schedule.end[mask]
         self.op = schedule.op[mask]
         self.T = len(self.gid)
+        self._atoms(schedule.select(mask))
         if np.any(self.op == Op.REDUCE) and not self.coll.combining:
             x = int(np.flatnonzero(self.op == Op.REDUCE)[0])
             raise InputError(f"{self._name(x)}: REDUCE in a {self.coll.value}, which does not "
@@ -163,10 +178,24 @@ class _Program:
                 "use GPUs of the communicator (synthesize with relay=False)")
         self.src, self.dst = sr.astype(np.int64), dr.astype(np.int64)
         self.chunk = schedule.chunk[mask].astype(np.int64)
-        bad = np.flatnonzero((self.chunk < 0) | (self.chunk >= d.num_chunks))
+        bad = np.flatnonzero((self.chunk < 0) | (self.count < 1)
+                             | (self.chunk + self.count > d.num_chunks))
         if len(bad):
-            raise InputError(f"transfer {int(self.gid[bad[0]])}: chunk "
-                             f"{int(self.chunk[bad[0]])} is not in 0..{d.num_chunks - 1}")
+            raise InputError(f"transfer {int(self.gid[bad[0]])}: chunks "
+                             f"{int(self.chunk[bad[0]])}+{int(self.count[bad[0]])} are not in "
+                             f"0..{d.num_chunks - 1}")
+
+    def _atoms(self, mine: Schedule) -> None:
+        """Per transfer, the atoms it reads at its source and writes at its destination (in
+        chunk order), and per atom its first chunk and size (see ``simulate.Atoms``)."""
+        atoms = node_atoms(mine)
+        base = sum(d.num_chunks for d in mine.demands[: self.tenant])
+        self.atom_lo = (atoms.cuts % atoms.span - base).tolist()
+        self.atom_size = np.diff(atoms.cuts, append=atoms.cuts[-1:]).tolist()
+        bounds = np.arange(1, self.T)
+        (rt, kr), (wt, kw) = atoms.reads, atoms.writes
+        self.reads_of = [k.tolist() for k in np.split(kr, np.searchsorted(rt, bounds))]
+        self.writes_of = [k.tolist() for k in np.split(kw, np.searchsorted(wt, bounds))]
 
     def _order(self) -> None:
         """The global event order L: sends at start, receives just before their end."""
@@ -198,10 +227,9 @@ class _Program:
 
     def _hazards(self) -> None:
         """Walk L once: where each event reads and writes, and which events it must wait for."""
-        T, coll, n, C, root = self.T, self.coll, self.n, self.C, self.root
-        combining = coll.combining
-        src, dst, chunk, op = (self.src.tolist(), self.dst.tolist(), self.chunk.tolist(),
-                               self.op.tolist())
+        T, n, combining = self.T, self.n, self.coll.combining
+        src, dst, op = self.src.tolist(), self.dst.tolist(), self.op.tolist()
+        alo, asize = self.atom_lo, self.atom_size
         reduce = int(Op.REDUCE)
         self.deps: list[list[int]] = [[] for _ in range(2 * T)]
         self.read_loc: list[Loc] = [("i", -1)] * T  # per send
@@ -209,72 +237,111 @@ class _Program:
         self.operand: list[Loc] = [("i", -1)] * T  # per REDUCE receive: what it adds to
         self.readers: dict[int, list[int]] = {}
         self.next_write: dict[int, int] = {}
-        homes: dict[tuple[int, int], Loc] = {}
-        last: dict[tuple[int, int], int] = {}
-        reads: dict[tuple[int, int], list[int]] = defaultdict(list)
+        homes: dict[int, Loc] = {}  # atom -> where it lives once received
+        last: dict[int, int] = {}  # atom -> last receive event
+        reads: dict[int, list[int]] = defaultdict(list)
         self.scratch = [0] * n
+
+        def initial(x: int, g: int, a: int) -> Loc:
+            idx = self._span(input_index, alo[a], asize[a], g)
+            if idx is None:
+                raise InputError(f"{self._name(x)}: rank {g} sends chunk {alo[a]} before it "
+                                 "holds it")
+            return ("i", idx)
+
         for e in self.L.tolist():
             if e < T:
-                g, c = src[e], chunk[e]
-                key = (g, c)
-                w = last.get(key)
-                if w is None:
-                    idx = input_index(coll, n, C, c, g, root)
-                    if idx is None:
-                        raise InputError(f"{self._name(e)}: rank {g} sends chunk {c} before it "
-                                         "holds it")
-                    self.read_loc[e] = ("i", idx)
-                else:
-                    self.read_loc[e] = homes[key]
-                    self.deps[e].append(w)
-                    self.readers[w].append(e)
-                reads[key].append(e)
+                g = src[e]
+                locs = []
+                for a in self.reads_of[e]:
+                    w = last.get(a)
+                    if w is None:
+                        locs.append(initial(e, g, a))
+                    else:
+                        locs.append(homes[a])
+                        if w not in self.deps[e]:
+                            self.deps[e].append(w)
+                            self.readers[w].append(e)
+                    reads[a].append(e)
+                self.read_loc[e] = self._joined(e, locs, self.reads_of[e])
                 continue
             x = e - T
-            g, c = dst[x], chunk[x]
-            key = (g, c)
-            if key not in homes:
-                out = output_index(coll, n, C, c, g, root)
-                if out is None:
-                    homes[key] = ("s", self.scratch[g])
-                    self.scratch[g] += 1
-                else:
-                    homes[key] = ("o", out)
-            self.home[x] = homes[key]
-            w = last.get(key)
+            g = dst[x]
+            atoms = self.writes_of[x]
+            for a in atoms:
+                if a not in homes:
+                    out = self._span(output_index, alo[a], asize[a], g)
+                    if out is None:
+                        homes[a] = ("s", self.scratch[g])
+                        self.scratch[g] += asize[a]
+                    else:
+                        homes[a] = ("o", out)
+            self.home[x] = self._joined(x, [homes[a] for a in atoms], atoms)
             if op[x] == reduce:
-                if w is None:
-                    idx = input_index(coll, n, C, c, g, root)
-                    assert idx is not None  # every rank contributes to a combining chunk
-                    self.operand[x] = ("i", idx)
-                else:
-                    self.operand[x] = homes[key]
-            if combining:
+                self.operand[x] = self._joined(
+                    x, [initial(x, g, a) if a not in last else homes[a] for a in atoms], atoms)
+            waits: list[int] = []
+            for a in atoms:
+                w = last.get(a)
                 if w is not None:
-                    self.deps[e].append(w)
-                self.deps[e].extend(reads[key])
-            if w is not None:
-                self.next_write[w] = op[x]
-            last[key] = e
-            reads[key] = []
+                    if combining:
+                        waits.append(w)
+                    self.next_write[w] = max(self.next_write.get(w, op[x]), op[x])
+                if combining:
+                    waits.extend(reads[a])
+                last[a] = e
+                reads[a] = []
+            self.deps[e].extend(dict.fromkeys(waits))
             self.readers[e] = []
         self.final_writes = set(last.values())
-        self._finals(last)
+        self._finals()
 
-    def _finals(self, last: dict[tuple[int, int], int]) -> None:
+    def _span(self, index_of: object, lo: int, size: int, g: int) -> int | None:
+        """Where chunks ``lo..lo+size-1`` sit in ``g``'s input or output, if they sit together;
+        None when they do not belong there."""
+        fn = index_of  # input_index or output_index
+        first = fn(self.coll, self.n, self.C, lo, g, self.root)  # type: ignore[operator]
+        if size == 1 or first is None:
+            return first
+        for j in range(1, size) if self.coll is not Collective.ALLREDUCE else ():
+            if fn(self.coll, self.n, self.C, lo + j, g, self.root) != first + j:  # type: ignore[operator]
+                raise InputError(f"tenant {self.tenant}: chunks {lo}..{lo + size - 1} are not "
+                                 f"contiguous in rank {g}'s buffers; split the range")
+        return first
+
+    def _joined(self, x: int, locs: list[Loc], atoms: list[int]) -> Loc:
+        """One buffer location for a transfer's atoms, which must lie back to back."""
+        buf, off = locs[0]
+        for (b, o), a in zip(locs, atoms, strict=True):
+            if b != buf or o != off:
+                raise InputError(f"{self._name(x)}: its chunks lie in different places on one "
+                                 "rank; a range must be contiguous in one buffer")
+            off += self.atom_size[a]
+        return locs[0]
+
+    def _finals(self) -> None:
         """Every destination ends with its chunk; a rank's own data is copied i -> o."""
-        coll, n, C, root = self.coll, self.n, self.C, self.root
+        coll, n, C, root, d = self.coll, self.n, self.C, self.root, self.demand
         self.copies: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for g in range(n):
-            for c in range(self.demand.num_chunks):
-                out = output_index(coll, n, C, c, g, root)
-                if out is None or (g, c) in last:
-                    continue
-                idx = input_index(coll, n, C, c, g, root)
-                if idx is None or coll.combining:
-                    raise InputError(f"tenant {self.tenant}: chunk {c} never reaches rank {g} "
-                                     f"(NPU {self.demand.ranks[g]}); the schedule is incomplete")
-                self.copies[g].append((idx, out))
+        span = d.num_chunks + 1
+        recv_lo = self.dst * span + self.chunk
+        edges = np.concatenate([recv_lo, recv_lo + self.count])
+        step = np.concatenate([np.ones(self.T, dtype=np.int64), -np.ones(self.T, dtype=np.int64)])
+        order = np.argsort(edges, kind="stable")
+        edges, depth = edges[order], np.cumsum(step[order])
+        chunks, ranks = destination_pairs(d)
+        at = ranks * span + chunks
+        pos = np.searchsorted(edges, at, side="right") - 1
+        covered = (pos >= 0) & (depth[np.maximum(pos, 0)] > 0)
+        for c, g in zip(chunks[~covered].tolist(), ranks[~covered].tolist(), strict=True):
+            out = output_index(coll, n, C, c, g, root)
+            idx = input_index(coll, n, C, c, g, root)
+            if out is None:
+                continue
+            if idx is None or coll.combining:
+                raise InputError(f"tenant {self.tenant}: chunk {c} never reaches rank {g} "
+                                 f"(NPU {d.ranks[g]}); the schedule is incomplete")
+            self.copies[g].append((idx, out))
 
     def _channels(self) -> None:
         """Base channel per connection: per rank at most 32 send and 32 receive peers each."""
@@ -306,6 +373,7 @@ class _Program:
         epoch = np.minimum(epochs - 1, pos[:T] * epochs // (2 * T))
         chan = (epoch * B + self.base).tolist()
         src, dst, ops = self.src.tolist(), self.dst.tolist(), self.op.tolist()
+        count = self.count.tolist()
         reduce = int(Op.REDUCE)
         # Pair each rank's receive peer with the send peer it forwards most to, per channel.
         weight: dict[tuple[int, int, int, int], int] = defaultdict(int)
@@ -350,16 +418,16 @@ class _Program:
             if e < T:
                 ref = tb_of[(src[e], chan[e], "S", dst[e])]
                 op = _Op("s", int(pos[e]), self.read_loc[e], self.home[e], list(self.deps[e]),
-                         (e,))
+                         (e,), count[e])
             else:
                 x = e - T
                 ref = tb_of[(dst[x], chan[x], "R", src[x])]
                 if ops[x] == reduce:
                     op = _Op("rrc", int(pos[e]), self.operand[x], self.home[x],
-                             list(self.deps[e]), (e,))
+                             list(self.deps[e]), (e,), count[x])
                 else:
                     op = _Op("r", int(pos[e]), self.home[x], self.home[x],
-                             list(self.deps[e]), (e,))
+                             list(self.deps[e]), (e,), count[x])
             tbs[ref[0]][ref[1]].ops.append(op)
         self._fuse(tbs, chan)
         for plans in tbs.values():
@@ -402,7 +470,7 @@ class _Program:
                     a = plan.ops[k]
                     b = plan.ops[k + 1] if k + 1 < len(plan.ops) else None
                     if b is not None and a.type in ("r", "rrc") and b.type == "s" \
-                            and a.events[0] in b.deps:
+                            and a.events[0] in b.deps and self._same_chunks(a, b):
                         r_ev, s_ev = a.events[0], b.events[0]
                         other = next((p for p, w in firsts[r_ev] if w != s_ev), 1 << 62)
                         if other > pos[s_ev]:
@@ -414,15 +482,19 @@ class _Program:
                     k += 1
                 plan.ops = ops
 
+    def _same_chunks(self, a: _Op, b: _Op) -> bool:
+        x, y = a.events[0] - self.T, b.events[0]
+        return bool(self.chunk[x] == self.chunk[y] and self.count[x] == self.count[y])
+
     def _fused(self, a: _Op, b: _Op, r_ev: int, s_ev: int) -> _Op:
         deps = [w for w in a.deps] + [w for w in b.deps if w != r_ev]
         if a.type == "r":
-            return _Op("rcs", b.pos, a.dst, a.dst, deps, (r_ev, s_ev))
+            return _Op("rcs", b.pos, a.dst, a.dst, deps, (r_ev, s_ev), a.cnt)
         x = r_ev - self.T
         needed = (any(e != s_ev for e in self.readers.get(r_ev, ()))
                   or self.next_write.get(r_ev) == int(Op.REDUCE)
                   or (r_ev in self.final_writes and self.home[x][0] == "o"))
-        return _Op("rrcs" if needed else "rrs", b.pos, a.src, a.dst, deps, (r_ev, s_ev))
+        return _Op("rrcs" if needed else "rrs", b.pos, a.src, a.dst, deps, (r_ev, s_ev), a.cnt)
 
     def _dependencies(self, tbs: dict[int, list[_TbPlan]], where: list[tuple[int, int]]) -> int:
         """Reduce each op's waits to one per other threadblock, minus those already implied;
@@ -446,7 +518,7 @@ class _Program:
                     for tt, kk in keep:
                         seen[tt] = kk
                     per_op.append(keep)
-                    steps += max(1, len(keep))
+                    steps += max(0, len(keep) - 1) + _pieces(op.cnt)
                 self.waits[(g, t)] = per_op
                 longest = max(longest, steps)
         return longest
@@ -464,12 +536,11 @@ class _Program:
             plans = tbs.get(g, [])
             # step index of each op's real step, after its nops
             s_of: list[list[int]] = []
-            for t, _plan in enumerate(plans):
+            for t, plan in enumerate(plans):
                 idx, cur = [], 0
-                for keep in self.waits[(g, t)]:
-                    cur += max(0, len(keep) - 1)
-                    idx.append(cur)
-                    cur += 1
+                for keep, op in zip(self.waits[(g, t)], plan.ops, strict=True):
+                    cur += max(0, len(keep) - 1) + _pieces(op.cnt)
+                    idx.append(cur - 1)  # others wait for the op's last piece
                 s_of.append(idx)
             hasdep: set[tuple[int, int]] = set()
             for t in range(len(plans)):
@@ -489,9 +560,14 @@ class _Program:
                         # The runtime ignores where a send's data lands; name the receiver's
                         # slot only where this rank's parser accepts the offset.
                         dst = ("s", -1)
-                    base_steps.append(Step(len(base_steps), op.type, op.src[0], op.src[1],
-                                           dst[0], dst[1], 1, dep, deps,
-                                           int((t, k) in hasdep)))
+                    for j in range(_pieces(op.cnt)):
+                        done = j * MAX_CNT
+                        last = j == _pieces(op.cnt) - 1
+                        base_steps.append(Step(
+                            len(base_steps), op.type, op.src[0], _moved(op.src[1], done),
+                            dst[0], _moved(dst[1], done), min(MAX_CNT, op.cnt - done),
+                            dep if j == 0 else -1, deps if j == 0 else -1,
+                            int(last and (t, k) in hasdep)))
                 for u in range(I):
                     tb = Tb(t * I + u, plan.send, plan.recv, plan.chan * I + u)
                     nchannels = max(nchannels, tb.chan + 1)
@@ -545,6 +621,15 @@ class _Program:
                 f"ranks={self.n} chunks={self.C} instances={instances} root={self.root}"
                 + (f" tenant={d.name}" if d.name and "--" not in d.name and " " not in d.name
                    else ""))
+
+
+def _pieces(cnt: int) -> int:
+    """Steps one op of ``cnt`` chunks needs (the parser takes at most MAX_CNT per step)."""
+    return -(-cnt // MAX_CNT)
+
+
+def _moved(off: int, by: int) -> int:
+    return off + by if off >= 0 else off
 
 
 def _inst(off: int, instances: int, u: int) -> int:

@@ -20,6 +20,7 @@ import grpc
 
 from choreo.collectives import Demand
 from choreo.errors import InfeasibleError, InputError
+from choreo.hierarchy import applies, slices_for
 from choreo.report import evaluate
 from choreo.schedule import Schedule
 from choreo.service.api import pb
@@ -56,7 +57,7 @@ def run(work: Work, say: Say) -> bytes:
 def _run(work: Work, say: Say) -> bytes:
     started = time.perf_counter()
     fabric, tenants, opts = work.fabric, work.tenants, work.options
-    plans = [[plan_buckets(c.min_bytes, c.max_bytes, opts.max_buckets, _chunker(work, t, j))
+    plans = [[plan_buckets(c.min_bytes, c.max_bytes, _buckets(work, t, j), _chunker(work, t, j))
               for j, c in enumerate(t.collectives)] for t in tenants]
     rounds = [(j, b) for j in range(max(len(t.collectives) for t in tenants))
               for b in range(max(len(p[j]) for p in plans if len(p) > j))]
@@ -129,11 +130,25 @@ def _solve(work: Work, demands: list[Demand], rounds: int) -> Schedule:
                  PortfolioOptions(restarts=opts.restarts, seed=opts.seed, relay=False))
 
 
+def _hierarchical(work: Work, t: TenantSpec, j: int) -> bool:
+    demand = Demand(t.collectives[j].collective, t.npus, 1)
+    return applies(work.fabric, demand)
+
+
+def _buckets(work: Work, t: TenantSpec, j: int) -> int:
+    """The hierarchical plan's program has the same steps at every size (only its slices
+    change), so one file serves the whole range; that keeps a 1000-GPU tenant's
+    resynthesis to one solve, one check and one lowering."""
+    return 1 if _hierarchical(work, t, j) else work.options.max_buckets
+
+
 def _chunker(work: Work, t: TenantSpec, j: int) -> Callable[[int], int]:
     c = t.collectives[j]
     if c.chunks is not None:
         fixed = c.chunks
         return lambda _size: fixed
+    if _hierarchical(work, t, j):
+        return lambda size: slices_for(size, len(t.npus))
     return lambda size: auto_chunks(work.fabric, c.collective, size, len(t.npus))
 
 

@@ -1,0 +1,125 @@
+"""The rail-aligned hierarchical AllReduce: verified, lowered, and linear in the ranks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from choreo.collectives import Collective, Demand
+from choreo.errors import InputError
+from choreo.generators import build
+from choreo.hierarchy import applies, hierarchical, hosts_of, slices_for
+from choreo.msccl import interpret
+from choreo.msccl.api import to_xml
+from choreo.msccl.layout import MAX_CNT
+from choreo.schedule import Schedule
+from choreo.simulate import simulate
+from choreo.synth import SynthOptions, synthesize
+from choreo.transforms import fail_npus
+from choreo.verify import check, verify
+
+
+def _allreduce(fabric_name: str, size: int = 16 << 20, chunks: int = 1,
+               failed: tuple[str, ...] = ()) -> Schedule:
+    fabric = build(fabric_name)
+    if failed:
+        fabric = fail_npus(fabric, failed)
+    demand = Demand(Collective.ALLREDUCE, tuple(fabric.npus), size, chunks)
+    return hierarchical(fabric, [demand])
+
+
+@pytest.mark.parametrize(("fabric", "failed"), [
+    ("dgx-h100-2", ()),
+    ("dgx-h100-3", ()),  # hosts not a power of two: the extra host folds in
+    ("dgx-h100-4", ("node1/gpu3",)),  # a host without slot 3 hands its part to a mate
+    ("dgx-h100-4", ("node0/gpu0", "node2/gpu5", "node2/gpu6")),
+])
+def test_plan_is_verified_and_its_program_computes_the_allreduce(
+        fabric: str, failed: tuple[str, ...]) -> None:
+    s = _allreduce(fabric, failed=failed)
+    check(s)
+    result = interpret.run(to_xml(s, 0))
+    assert result.ok, str(result)
+
+
+def test_ranges_longer_than_a_step_are_cut_into_steps() -> None:
+    s = _allreduce("dgx-h100-2", size=4 << 20, chunks=128)  # one slice: parts of 256
+    assert int(s.count.max()) > MAX_CNT
+    xml = to_xml(s, 0)
+    counts = [int(c) for c in re.findall(r'cnt="(\d+)"', xml)]
+    assert max(counts) == MAX_CNT
+    assert interpret.run(xml).ok
+
+
+def test_transfers_grow_as_n_log_n_not_n_squared() -> None:
+    small, large = _allreduce("dgx-h100-4"), _allreduce("dgx-h100-16")
+    ratio = len(large) / len(small)  # 4x the ranks
+    assert ratio < 4 * 2.5, ratio  # a chunk-level plan would be about 16x
+    assert verify(large).ok
+
+
+def test_slices_overlap_the_phases_at_large_sizes() -> None:
+    one = _allreduce("dgx-h100-16", size=256 << 20, chunks=1)
+    four = _allreduce("dgx-h100-16", size=256 << 20, chunks=4)
+    assert verify(four).ok
+    assert four.makespan < 0.8 * one.makespan, (four.makespan, one.makespan)
+    assert slices_for(1 << 20, 128) == 1 and slices_for(256 << 20, 128) == 4
+    assert slices_for(256 << 20, 1024) == 2  # bounded program size for very large tenants
+
+
+def test_simulated_times_match_the_schedule() -> None:
+    s = _allreduce("dgx-h100-3", size=64 << 20, chunks=2)
+    sim = simulate(s)
+    assert np.allclose(sim.end, s.end) and np.allclose(sim.start, s.start)
+
+
+def test_slots_follow_the_fabric_not_the_tenant() -> None:
+    fabric = fail_npus(build("dgx-h100-2"), ["node1/gpu2"])
+    hosts = hosts_of(fabric, fabric.npus)
+    assert hosts is not None
+    assert [s for s, _ in hosts[1]] == [0, 1, 3, 4, 5, 6, 7]
+
+
+def test_only_large_allreduce_tenants_over_several_hosts_apply() -> None:
+    fabric = build("dgx-h100-4")
+    ranks = tuple(fabric.npus)
+    assert applies(fabric, Demand(Collective.ALLREDUCE, ranks, 1 << 20), large=16)
+    assert not applies(fabric, Demand(Collective.ALLREDUCE, ranks, 1 << 20))  # 32 <= 256
+    assert not applies(fabric, Demand(Collective.ALLGATHER, ranks, 1 << 20), large=16)
+    assert not applies(fabric, Demand(Collective.ALLREDUCE, ranks[:8], 1 << 20), large=4)
+    torus = build("torus-4x4")
+    assert not applies(torus, Demand(Collective.ALLREDUCE, tuple(torus.npus), 1), large=4)
+
+
+def test_synthesize_picks_the_plan_for_large_tenants() -> None:
+    fabric = build("dgx-h100-4")
+    demand = Demand(Collective.ALLREDUCE, tuple(fabric.npus), 16 << 20)
+    s = synthesize(fabric, [demand], SynthOptions(relay=False, large_tenant=16))
+    assert s.engine == "rail-hierarchical" and verify(s).ok
+    assert synthesize(fabric, [demand], SynthOptions(relay=False)).engine != s.engine
+
+
+def test_counts_survive_a_round_trip_and_bad_ranges_are_named(tmp_path: Path) -> None:
+    s = _allreduce("dgx-h100-2", chunks=4)
+    path = tmp_path / "s.json"
+    s.save(path)
+    back = Schedule.load(path)
+    assert np.array_equal(back.count, s.count) and verify(back).ok
+    bad = back.select(np.ones(len(back), dtype=bool))
+    bad.count[0] = back.demands[0].num_chunks + 1
+    verdict = verify(bad)
+    assert not verdict.ok and verdict.counts["index"] == 1
+    assert "out of range" in verdict.errors[0]
+    with pytest.raises(InputError, match="chunks"):
+        to_xml(bad, 0)
+
+
+def test_a_range_cut_short_is_caught_by_the_verifier() -> None:
+    s = _allreduce("dgx-h100-2")
+    longest = int(np.argmax(s.count))
+    s.count[longest] -= 1
+    verdict = verify(s)
+    assert not verdict.ok and verdict.counts["postcondition"] > 0
