@@ -32,7 +32,7 @@ from choreo.transforms import restrict
 
 ENGINE = "rail-hierarchical"
 LARGE_TENANT = 256  # ranks; larger AllReduce tenants on multi-GPU hosts use this plan
-MAX_SLICE_RANKS = 2048  # slices * ranks: bounds the MSCCL program (and its lowering time)
+MAX_SLICE_RANKS = 1024  # slices * ranks: bounds the MSCCL program (and its lowering time)
 
 
 def slices_for(size: int, n: int) -> int:
