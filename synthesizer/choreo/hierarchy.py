@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from choreo.collectives import Collective, Demand
+from choreo.errors import InputError
 from choreo.routing import pair_links, route
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
@@ -163,7 +164,7 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
     for t, d in enumerate(demands):
         hosts = hosts_of(fabric, d.ranks)
         if hosts is None or d.collective is not Collective.ALLREDUCE:
-            raise ValueError(f"tenants[{t}]: the hierarchical plan needs an AllReduce over "
+            raise InputError(f"tenants[{t}]: the hierarchical plan needs an AllReduce over "
                              "hosts with host/ names")
         sends = plan(d, hosts, min(d.chunks, slices_for(d.size, d.n)))
         rows = np.asarray(sends.rows, dtype=np.int64).reshape(-1, 6)
@@ -173,7 +174,7 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
     table = np.concatenate(cols)
     tenant, step, src, dst, chunk, count, op = table.T
     view = restrict(fabric, {r for d in demands for r in d.ranks}, relay)
-    part_bytes = max(d.size for d in demands) / 8
+    part_bytes = max(d.size for d in demands) / 8  # routes are chosen for a part's range
     topo, chosen = route(view, set(zip(src.tolist(), dst.tolist(), strict=True)), part_bytes)
     planned = Schedule(
         fabric, topo, demands, tenant, chunk, src, dst, pair_links(chosen, src, dst),

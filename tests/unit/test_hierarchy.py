@@ -67,7 +67,7 @@ def test_slices_overlap_the_phases_at_large_sizes() -> None:
     assert verify(four).ok
     assert four.makespan < 0.8 * one.makespan, (four.makespan, one.makespan)
     assert slices_for(1 << 20, 128) == 1 and slices_for(256 << 20, 128) == 4
-    assert slices_for(256 << 20, 1024) == 2  # bounded program size for very large tenants
+    assert slices_for(256 << 20, 512) == 2 and slices_for(256 << 20, 1024) == 1  # bounded program
 
 
 def test_simulated_times_match_the_schedule() -> None:

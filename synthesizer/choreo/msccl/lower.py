@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +51,7 @@ from choreo.verify import destination_pairs
 
 EPS = 1e-12  # seconds: an arrival this close after a send's start still feeds it (as verify)
 Loc = tuple[str, int]
+IndexFn = Callable[[Collective, int, int, int, int, int], "int | None"]
 
 
 @dataclass
@@ -296,15 +298,14 @@ class _Program:
         self.final_writes = set(last.values())
         self._finals()
 
-    def _span(self, index_of: object, lo: int, size: int, g: int) -> int | None:
+    def _span(self, index_of: IndexFn, lo: int, size: int, g: int) -> int | None:
         """Where chunks ``lo..lo+size-1`` sit in ``g``'s input or output, if they sit together;
         None when they do not belong there."""
-        fn = index_of  # input_index or output_index
-        first = fn(self.coll, self.n, self.C, lo, g, self.root)  # type: ignore[operator]
-        if size == 1 or first is None:
+        first = index_of(self.coll, self.n, self.C, lo, g, self.root)
+        if size == 1 or first is None or self.coll is Collective.ALLREDUCE:
             return first
-        for j in range(1, size) if self.coll is not Collective.ALLREDUCE else ():
-            if fn(self.coll, self.n, self.C, lo + j, g, self.root) != first + j:  # type: ignore[operator]
+        for j in range(1, size):
+            if index_of(self.coll, self.n, self.C, lo + j, g, self.root) != first + j:
                 raise InputError(f"tenant {self.tenant}: chunks {lo}..{lo + size - 1} are not "
                                  f"contiguous in rank {g}'s buffers; split the range")
         return first
