@@ -23,9 +23,8 @@ import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import ChoreoError
-from choreo.routing import pair_links, route
+from choreo.routing import timed_plan
 from choreo.schedule import Op, Schedule
-from choreo.simulate import simulate
 from choreo.topology import Topology
 
 C = Collective
@@ -124,16 +123,9 @@ class _Plan:
 def _schedule(name: str, fabric: Topology, demand: Demand, plan: _Plan) -> Schedule:
     step, src_r, dst_r, chunk, op = plan.columns()
     ranks = np.asarray(demand.ranks, dtype=np.int64)
-    src, dst = ranks[src_r], ranks[dst_r]
-    pairs = set(zip(src.tolist(), dst.tolist(), strict=True))
-    topo, chosen = route(fabric, pairs, demand.chunk_bytes)
-    link = pair_links(chosen, src, dst)
-    planned = Schedule(
-        fabric, topo, (demand,), np.zeros(len(step)), chunk, src, dst, link,
-        step.astype(float), step + 0.5, op, engine=name,
-        meta={"baseline": name, "steps": int(step.max()) + 1 if len(step) else 0},
-    )
-    return simulate(planned).retimed(planned)
+    return timed_plan(fabric, fabric, (demand,), demand.chunk_bytes, np.zeros(len(step)), step,
+                      ranks[src_r], ranks[dst_r], chunk, op, engine=name,
+                      meta={"baseline": name})
 
 
 def _all_chunks(d: Demand) -> np.ndarray:

@@ -25,9 +25,8 @@ import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
-from choreo.routing import pair_links, route
+from choreo.routing import timed_plan
 from choreo.schedule import Op, Schedule
-from choreo.simulate import simulate
 from choreo.topology import Topology
 from choreo.transforms import restrict
 
@@ -84,25 +83,25 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], slices: int = 1) ->
     """The three phases in rank space (see the module docstring), on ``slices`` consecutive
     slices of the buffer whose phases overlap: slice j starts one host phase after j - 1, so
     its reduce-scatter inside hosts runs while j - 1 is on the rails."""
-    out = _Sends()
-    total = demand.num_chunks
-    parts = len({s for host in hosts for s, _ in host})
-    for j in range(slices):
-        _slice(out, j * (parts - 1), hosts, j * total // slices, (j + 1) * total // slices)
-    return out
-
-
-def _slice(out: _Sends, step: int, hosts: list[list[tuple[int, int]]], lo: int,
-           hi: int) -> None:
     slots = sorted({s for host in hosts for s, _ in host})
-    parts = len(slots)
-    bounds = [lo + k * (hi - lo) // parts for k in range(parts + 1)]
+    index = {s: k for k, s in enumerate(slots)}  # slot -> part
     owners = []  # owners[h][k]: the rank index holding part k on host h
     for host in hosts:
         by_slot = dict(host)
         local = [r for _, r in host]
         owners.append([by_slot.get(s, local[k % len(local)]) for k, s in enumerate(slots)])
-    index = {s: k for k, s in enumerate(slots)}
+    out = _Sends()
+    total, parts = demand.num_chunks, len(slots)
+    for j in range(slices):
+        lo, hi = j * total // slices, (j + 1) * total // slices
+        bounds = [lo + k * (hi - lo) // parts for k in range(parts + 1)]
+        _slice(out, j * (parts - 1), hosts, owners, index, bounds)
+    return out
+
+
+def _slice(out: _Sends, step: int, hosts: list[list[tuple[int, int]]],
+           owners: list[list[int]], index: dict[int, int], bounds: list[int]) -> None:
+    parts = len(bounds) - 1
     for h, host in enumerate(hosts):  # 1: reduce-scatter inside each host
         for s, r in host:
             for k in range(parts):
@@ -175,9 +174,5 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
     tenant, step, src, dst, chunk, count, op = table.T
     view = restrict(fabric, {r for d in demands for r in d.ranks}, relay)
     part_bytes = max(d.size for d in demands) / 8  # routes are chosen for a part's range
-    topo, chosen = route(view, set(zip(src.tolist(), dst.tolist(), strict=True)), part_bytes)
-    planned = Schedule(
-        fabric, topo, demands, tenant, chunk, src, dst, pair_links(chosen, src, dst),
-        step.astype(float), step + 0.5, op, engine=ENGINE,
-        meta={"engine": ENGINE, "steps": int(step.max()) + 1}, count=count)
-    return simulate(planned).retimed(planned)
+    return timed_plan(fabric, view, demands, part_bytes, tenant, step, src, dst, chunk, op,
+                      count, engine=ENGINE, meta={"engine": ENGINE})

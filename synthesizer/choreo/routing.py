@@ -1,4 +1,5 @@
-"""Shortest-path routing of rank-to-rank sends for algorithms that ignore the topology.
+"""Shortest-path routing of rank-to-rank sends for algorithms that ignore the topology, and
+their timing by the congestion simulator (``timed_plan``).
 
 Fixed algorithms (Ring, Direct, trees, ...) name a peer, not a link. A send between NPUs that
 share a cable uses that link; any other send becomes a *circuit*: a logical link whose ``via``
@@ -15,7 +16,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from choreo.collectives import Demand
 from choreo.errors import InputError
+from choreo.schedule import Schedule
+from choreo.simulate import simulate
 from choreo.topology import Link, Topology
 
 
@@ -119,3 +123,19 @@ def pair_links(
     order = np.argsort(flat)
     idx = np.searchsorted(flat[order], src.astype(np.int64) * span + dst)
     return vals[order][idx]
+
+
+def timed_plan(fabric: Topology, view: Topology, demands: tuple[Demand, ...], nbytes: float,
+               tenant: np.ndarray, step: np.ndarray, src: np.ndarray, dst: np.ndarray,
+               chunk: np.ndarray, op: np.ndarray, count: np.ndarray | None = None, *,
+               engine: str, meta: dict[str, object]) -> Schedule:
+    """A fixed algorithm's sends (NPU to NPU, tagged with their step) routed on ``view`` (the
+    fabric or a tenant's restriction of it) and timed by the congestion simulator: step ``k``
+    is planned at ``[k, k + 0.5)`` and the schedule carries what the simulator says runs."""
+    topo, chosen = route(view, set(zip(src.tolist(), dst.tolist(), strict=True)), nbytes)
+    planned = Schedule(
+        fabric, topo, demands, tenant, chunk, src, dst, pair_links(chosen, src, dst),
+        step.astype(float), step + 0.5, op, engine=engine,
+        meta={**meta, "steps": int(step.max()) + 1 if len(step) else 0},
+        count=np.ones(len(step)) if count is None else count)
+    return simulate(planned).retimed(planned)

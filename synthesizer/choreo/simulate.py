@@ -128,18 +128,18 @@ class Atoms:
     A node's atoms cut the tenants' chunk space at every range boundary read from or written
     to that node, so two chunks of one atom always travel together there and one key stands
     for all of them: a schedule of single chunks gets one atom per chunk copy, a range of many
-    chunks only as many atoms as it has boundaries inside. Atom ``a`` starts at tenant-wide
-    chunk ``cuts[a] % span`` and ends where atom ``a + 1`` starts.
+    chunks only as many atoms as it has boundaries inside. Atom ``a`` holds the tenant-wide
+    chunks ``first[a] .. first[a] + size[a] - 1`` of its node.
     """
 
     reads: tuple[np.ndarray, np.ndarray]
     writes: tuple[np.ndarray, np.ndarray]
-    cuts: np.ndarray
-    span: int
+    first: np.ndarray
+    size: np.ndarray
 
     @property
     def count(self) -> int:
-        return len(self.cuts)
+        return len(self.first)
 
 
 def node_atoms(s: Schedule) -> Atoms:
@@ -149,21 +149,27 @@ def node_atoms(s: Schedule) -> Atoms:
     off[1:] = np.cumsum([d.num_chunks for d in s.demands])
     span = int(off[-1]) + 1
     lo = off[s.tenant] + s.chunk
-    hi = lo + s.count
     src, dst = s.src.astype(np.int64), s.dst.astype(np.int64)
+    every = np.arange(m, dtype=np.int64)
+    if not s.ranged:  # an atom per (node, chunk) copy
+        cuts, inv = np.unique(np.concatenate([src * span + lo, dst * span + lo]),
+                              return_inverse=True)
+        inv = inv.astype(np.int64)
+        return Atoms((every, inv[:m]), (every, inv[m:]), cuts % span,
+                     np.ones(len(cuts), dtype=np.int64))
+    hi = lo + s.count
     cuts = np.unique(np.concatenate([src * span + lo, src * span + hi,
                                      dst * span + lo, dst * span + hi]))
 
     def rows(node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         first = np.searchsorted(cuts, node * span + lo)
-        if not s.ranged:
-            return np.arange(m, dtype=np.int64), first.astype(np.int64)
         n_atoms = np.searchsorted(cuts, node * span + hi) - first
-        t = np.repeat(np.arange(m, dtype=np.int64), n_atoms)
+        t = np.repeat(every, n_atoms)
         start = np.repeat(np.cumsum(n_atoms) - n_atoms, n_atoms)
         return t, np.repeat(first, n_atoms) + np.arange(len(t)) - start
 
-    return Atoms(rows(src), rows(dst), cuts, span)
+    # the last cut of a node ends its atoms; no row refers to it, so its size is moot
+    return Atoms(rows(src), rows(dst), cuts % span, np.diff(cuts, append=cuts[-1:]))
 
 
 def _run(
@@ -174,8 +180,9 @@ def _run(
     updates: list[tuple[int, ...]],
     nslots: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The one sequential pass; dependencies are prefix maxima over arrivals sorted by planned
-    end, so each transfer costs O(1) amortized Python work per atom it reads."""
+    """The one sequential pass over read rows in planned start order; dependencies are prefix
+    maxima over arrivals sorted by planned end, so each atom read costs O(1) amortized
+    Python work, and a transfer is timed at its last read row."""
     m = len(s)
     atoms = node_atoms(s)
     (rt, kr), (wt, kw) = atoms.reads, atoms.writes
@@ -193,27 +200,30 @@ def _run(
     aend = [0.0] * m
     astart = [0.0] * m
     writer = wt[arr].tolist()
-    first_read = np.searchsorted(rt, np.arange(m + 1)).tolist()
-    kr_l, hi_l, dur_l = kr.tolist(), hi.tolist(), dur.tolist()
+    order = np.argsort(s.start, kind="stable")  # read rows, transfers in planned start order
+    if s.ranged:
+        rank = np.empty(m, dtype=np.int64)
+        rank[order] = np.arange(m)
+        order = np.argsort(rank[rt], kind="stable")
+    closes = np.r_[rt[order][1:] != rt[order][:-1], True].tolist()
+    kr_l, hi_l, dur_l = kr[order].tolist(), hi[order].tolist(), dur.tolist()
     krow_l = krow.tolist()
-    order = np.argsort(s.start, kind="stable").tolist()
-    for t in order:
-        ready = 0.0
-        for q in range(first_read[t], first_read[t + 1]):
-            key = kr_l[q]
-            h = hi_l[q]
-            p = ptr[key]
-            got = rmax[key]
-            if p < h:
-                while p < h:
-                    e = aend[writer[p]]
-                    if e > got:
-                        got = e
-                    p += 1
-                ptr[key] = p
-                rmax[key] = got
-            if got > ready:
-                ready = got
+    ready = 0.0
+    for t, key, h, last in zip(rt[order].tolist(), kr_l, hi_l, closes, strict=True):
+        p = ptr[key]
+        got = rmax[key]
+        if p < h:
+            while p < h:
+                e = aend[writer[p]]
+                if e > got:
+                    got = e
+                p += 1
+            ptr[key] = p
+            rmax[key] = got
+        if got > ready:
+            ready = got
+        if not last:
+            continue
         row = krow_l[t]
         for w in waits[row]:
             f = free[w]
@@ -225,4 +235,5 @@ def _run(
                 free[u] = e
         astart[t] = ready
         aend[t] = e
+        ready = 0.0
     return np.asarray(astart), np.asarray(aend)

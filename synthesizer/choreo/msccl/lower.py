@@ -142,14 +142,13 @@ class _Program:
         self.gid = np.flatnonzero(mask)
         if not len(self.gid):
             raise InputError(f"tenant {tenant}: the schedule has no transfers for it")
-        self.count = schedule.count[mask].astype(np.int64)
-        self.ranged = bool(self.count.max() > 1)
+        mine = schedule.select(mask)
+        self.count = mine.count.astype(np.int64)
+        self.ranged = mine.ranged
         self._ranks(schedule, mask)
-        self.start = schedule.start[mask]
-        self.end = schedule.end[mask]
-        self.op = schedule.op[mask]
+        self.start, self.end, self.op = mine.start, mine.end, mine.op
         self.T = len(self.gid)
-        self._atoms(schedule.select(mask))
+        self._atoms(mine)
         if np.any(self.op == Op.REDUCE) and not self.coll.combining:
             x = int(np.flatnonzero(self.op == Op.REDUCE)[0])
             raise InputError(f"{self._name(x)}: REDUCE in a {self.coll.value}, which does not "
@@ -192,8 +191,8 @@ class _Program:
         chunk order), and per atom its first chunk and size (see ``simulate.Atoms``)."""
         atoms = node_atoms(mine)
         base = sum(d.num_chunks for d in mine.demands[: self.tenant])
-        self.atom_lo = (atoms.cuts % atoms.span - base).tolist()
-        self.atom_size = np.diff(atoms.cuts, append=atoms.cuts[-1:]).tolist()
+        self.atom_lo = (atoms.first - base).tolist()
+        self.atom_size = atoms.size.tolist()
         bounds = np.arange(1, self.T)
         (rt, kr), (wt, kw) = atoms.reads, atoms.writes
         self.reads_of = [k.tolist() for k in np.split(kr, np.searchsorted(rt, bounds))]
