@@ -239,10 +239,28 @@ def _coords(position: int, dims: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+@dataclass(frozen=True)
+class BaseFabric:
+    """The fabric before failures and down nodes: rebuilt only when the FabricTopology or a
+    NodeFabric changes, so a DeviceFailure costs one pass over the links, not a rebuild."""
+
+    topology: Topology
+    ids: Mapping[str, int]
+    models: Mapping[str, LocalModel]
+    gpu_ids: Mapping[tuple[str, int], int]
+    node_gpus: Mapping[str, tuple[int, ...]]
+    failed: frozenset[int]  # GPUs the agents report unhealthy
+    notes: tuple[str, ...]
+
+
 def build_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec],
                  failures: Iterable[DeviceFailureSpec] = (),
                  down_nodes: Iterable[str] = ()) -> Fabric:
     """The live fabric: every unresolved failure and every down node applied."""
+    return apply_failures(base_fabric(spec, node_fabrics), failures, down_nodes)
+
+
+def base_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec]) -> BaseFabric:
     notes: list[str] = []
     seen_positions: dict[int, str] = {}
     for name, pos in spec.nodes:
@@ -276,32 +294,37 @@ def build_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec],
             b.links.append(Link(b.ids[_ref_name(name, src)], b.ids[_ref_name(name, dst)], alpha,
                                 bw, kind, healthy))
     _inter_node(spec, models, b, notes)
-
-    failed: set[int] = set()
-    for name, _ in spec.nodes:
-        failed.update(gpu_ids[(name, g)] for g in models[name].failed_gpus if (name, g) in gpu_ids)
-    down = set(down_nodes)
-    for name in down:
-        failed.update(node_gpus.get(name, ()))
+    failed = frozenset(gpu_ids[(name, g)] for name, _ in spec.nodes
+                       for g in models[name].failed_gpus if (name, g) in gpu_ids)
     topo = Topology(name=spec.name, kinds=tuple(b.kinds), links=tuple(b.links),
                     failed=frozenset(), names=tuple(b.names))
+    return BaseFabric(topo, b.ids, models, gpu_ids, node_gpus, failed, tuple(notes))
+
+
+def apply_failures(base: BaseFabric, failures: Iterable[DeviceFailureSpec] = (),
+                   down_nodes: Iterable[str] = ()) -> Fabric:
+    topo = base.topology
+    failed = set(base.failed)
+    for name in set(down_nodes):
+        failed.update(base.node_gpus.get(name, ()))
     problems: dict[str, str] = {}
     bad_links: set[int] = set()
     for f in failures:
         if f.resolved:
             continue
-        found = _apply_failure(f, topo, b.ids, models, failed, bad_links)
+        found = _apply_failure(f, topo, base.ids, base.models, failed, bad_links)
         if found:
             problems[f.name] = found
     links = tuple(Link(lk.src, lk.dst, lk.alpha, lk.bandwidth, lk.kind, False)
                   if i in bad_links else lk for i, lk in enumerate(topo.links))
-    final = Topology(name=spec.name, kinds=topo.kinds, links=links, failed=frozenset(failed),
+    final = Topology(name=topo.name, kinds=topo.kinds, links=links, failed=frozenset(failed),
                      names=topo.names)
+    notes = list(base.notes)
     try:
         final.validate("fabric")
     except InputError as err:
         notes.append(str(err))
-    return Fabric(final, gpu_ids, node_gpus, problems, tuple(notes))
+    return Fabric(final, base.gpu_ids, base.node_gpus, problems, tuple(notes))
 
 
 def _copy(model: LocalModel) -> LocalModel:

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from choreo.errors import ChoreoError
-from choreo.transforms import restrict
 from choreo_operator import metrics, results, status
 from choreo_operator.debounce import Debouncer
-from choreo_operator.fabric import Fabric, build_fabric, subfabric
+from choreo_operator.fabric import BaseFabric, Fabric, apply_failures, base_fabric, subfabric
 from choreo_operator.grouping import Group, Member, groups
 from choreo_operator.kube import ApiError
 from choreo_operator.model import (
@@ -146,6 +145,7 @@ class Reconciler:
         self.rounds = 0
         self._fabric_key: Any = None
         self._fabric: Fabric | None = None
+        self._base: tuple[Any, BaseFabric] | None = None
         self._retry_reasons: dict[str, str] = {}
         self._stopping = False
 
@@ -188,7 +188,9 @@ class Reconciler:
         nfs = tuple(sorted((k, v) for k, v in inputs.node_fabrics.items() if k in names))
         key = (spec, nfs, tuple(failures), tuple(down))
         if key != self._fabric_key:
-            self._fabric = build_fabric(spec, dict(nfs), failures, down)
+            if self._base is None or key[:2] != self._base[0]:
+                self._base = (key[:2], base_fabric(spec, dict(nfs)))
+            self._fabric = apply_failures(self._base[1], failures, down)
             self._fabric_key = key
         return self._fabric, notes
 
@@ -716,9 +718,12 @@ def _touches(f: DeviceFailureSpec, node: str, gpu: int) -> bool:
 
 
 def _disconnected(topo: Any, npus: tuple[int, ...]) -> str | None:
-    """Why the tenant cannot run on its own GPUs, or None."""
+    """Why the tenant cannot run on its own GPUs, or None. Its sub-fabric holds exactly what
+    its data may cross (its GPUs and the switches between them), and stays small on a large
+    fabric."""
+    sub, ids = subfabric(topo, npus)
     try:
-        restrict(topo, npus, relay=False).check_connected(list(npus), "tenant")
+        sub.check_connected([ids[v] for v in npus], "tenant")
     except ChoreoError as err:
         return str(err)
     return None

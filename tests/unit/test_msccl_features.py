@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from choreo.msccl import (
 from choreo.msccl.layout import LEGACY_UNLIMITED
 from choreo.msccl.lower import lower
 from choreo.msccl.parse import parse
+from choreo.msccl.xmlmodel import Gpu
 from choreo.schedule import Schedule
 
 
@@ -147,6 +149,30 @@ def test_split_per_node_keeps_each_nodes_gpus() -> None:
         split_per_node(xml, nodes[:-1])
     with pytest.raises(InputError, match="not well-formed"):
         split_per_node("<algo", nodes)
+    with pytest.raises(InputError, match="plain MSCCL"):
+        split_per_node(xml.replace("<gpu ", "<!-- <gpu id='0'> --><gpu ", 1), nodes)
+    with pytest.raises(InputError, match="not <algo>"):
+        split_per_node("<x><algo ngpus='16'/></x>", nodes)
+
+
+def test_split_per_node_cuts_the_gpus_out_unchanged() -> None:
+    """Each node's file holds exactly the original ``<gpu>`` elements, byte for byte."""
+    xml = to_xml(schedule("dgx-h100-2", "allgather", 2))
+    nodes = [f"n{r % 3}" for r in range(16)]  # ranks of a node need not be adjacent
+    parts = split_per_node(xml, nodes)
+    whole = parse(xml).algo
+    assert whole is not None
+    for name, part in parts.items():
+        algo = parse(part).algo
+        assert algo is not None
+        assert _without_lines(algo.gpus) == _without_lines(
+            [g for g in whole.gpus if nodes[g.id] == name])
+
+
+def _without_lines(gpus: list[Gpu]) -> list[tuple[object, ...]]:
+    return [(g.id, g.i_chunks, g.o_chunks, g.s_chunks,
+             [(t.id, t.send, t.recv, t.chan, [replace(st, line=0) for st in t.steps])
+              for t in g.tbs]) for g in gpus]
 
 
 # ---- relays -------------------------------------------------------------------------------------
