@@ -9,6 +9,7 @@ first file whose range contains the call's size: executor files in lexicographic
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from choreo.collectives import Demand
 from choreo.errors import InputError
@@ -18,10 +19,38 @@ from choreo.schedule import Schedule
 MAX_LEGACY_ALGOS = 4
 
 
+@dataclass(frozen=True)
+class BucketFile:
+    """One bucket's file, checked and named, ready to be lowered (anywhere: it pickles)."""
+
+    name: str
+    schedule: Schedule
+    tenant: int
+    min_bytes: int
+    max_bytes: int | None
+    algo_name: str
+    dialect: str
+    instances: int
+    proto: str
+
+    def xml(self) -> str:
+        return to_xml(self.schedule, self.tenant, dialect=self.dialect,
+                      instances=self.instances, proto=self.proto, min_bytes=self.min_bytes,
+                      max_bytes=self.max_bytes, name=self.algo_name)
+
+
 def bucket_files(buckets: Sequence[tuple[int, int | None, Schedule]], tenant: int = 0, *,
                  dialect: str = "executor", instances: int = 1,
                  proto: str = "Simple") -> list[tuple[str, str]]:
     """(file name, XML) per bucket, in size order; names sort in that same order."""
+    return [(f.name, f.xml()) for f in plan_files(buckets, tenant, dialect=dialect,
+                                                 instances=instances, proto=proto)]
+
+
+def plan_files(buckets: Sequence[tuple[int, int | None, Schedule]], tenant: int = 0, *,
+               dialect: str = "executor", instances: int = 1,
+               proto: str = "Simple") -> list[BucketFile]:
+    """The files ``bucket_files`` writes, checked and named but not lowered yet."""
     if not buckets:
         raise InputError("buckets: at least one (min_bytes, max_bytes, schedule) is needed")
     if dialect == "legacy" and len(buckets) > MAX_LEGACY_ALGOS:
@@ -46,11 +75,10 @@ def bucket_files(buckets: Sequence[tuple[int, int | None, Schedule]], tenant: in
     width = max(2, len(str(len(ordered) - 1)))
     out = []
     for k, (lo, hi, sched) in enumerate(ordered):
-        d = _demand(sched, tenant)
         tag = f"{base}-{k:0{width}d}"
-        xml = to_xml(sched, tenant, dialect=dialect, instances=instances, proto=proto,
-                     min_bytes=lo, max_bytes=hi, name=f"{tag}-{d.chunks}c")
-        out.append((f"{tag}.xml", xml))
+        out.append(BucketFile(f"{tag}.xml", sched, tenant, lo, hi,
+                              f"{tag}-{_demand(sched, tenant).chunks}c", dialect, instances,
+                              proto))
     return out
 
 

@@ -110,17 +110,17 @@ def lower(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", ins
         raise InputError(f"tenant {tenant}: transfers of several chunks need instances=1 "
                          f"(got {instances}); instances interleave the chunks")
     limit = MAX_STEPS[dialect]
-    epochs = 1
+    epochs = prog.first_epochs(limit)
     while True:
-        tbs, max_steps = prog.assemble(epochs)
-        if max_steps <= limit:
-            break
-        epochs = max(epochs + 1, math.ceil(epochs * max_steps / (0.8 * limit)))
-        if epochs * prog.base_channels * instances > MAX_CHANNELS:
+        if epochs > 1 and epochs * prog.base_channels * instances > MAX_CHANNELS:
             raise InputError(
                 f"tenant {tenant}: the {dialect} runtime allows {limit} steps per threadblock; "
                 f"this schedule would need {epochs * prog.base_channels * instances} channels "
                 f"(> {MAX_CHANNELS}) to spill them; use fewer chunks or instances")
+        tbs, max_steps = prog.assemble(epochs)
+        if max_steps <= limit:
+            break
+        epochs = max(epochs + 1, math.ceil(epochs * max_steps / (0.8 * limit)))
     algo = prog.emit(tbs, instances, proto, min_bytes, max_bytes, name)
     return Lowering(algo, epochs, prog.base_channels, prog.fused, max_steps)
 
@@ -193,10 +193,8 @@ class _Program:
         base = sum(d.num_chunks for d in mine.demands[: self.tenant])
         self.atom_lo = (atoms.first - base).tolist()
         self.atom_size = atoms.size.tolist()
-        bounds = np.arange(1, self.T)
-        (rt, kr), (wt, kw) = atoms.reads, atoms.writes
-        self.reads_of = [k.tolist() for k in np.split(kr, np.searchsorted(rt, bounds))]
-        self.writes_of = [k.tolist() for k in np.split(kw, np.searchsorted(wt, bounds))]
+        self.reads_of = _per_transfer(*atoms.reads, self.T)
+        self.writes_of = _per_transfer(*atoms.writes, self.T)
 
     def _order(self) -> None:
         """The global event order L: sends at start, receives just before their end."""
@@ -311,6 +309,8 @@ class _Program:
 
     def _joined(self, x: int, locs: list[Loc], atoms: list[int]) -> Loc:
         """One buffer location for a transfer's atoms, which must lie back to back."""
+        if len(locs) == 1:
+            return locs[0]
         buf, off = locs[0]
         for (b, o), a in zip(locs, atoms, strict=True):
             if b != buf or o != off:
@@ -365,6 +365,17 @@ class _Program:
             pair_chans[(s, d)].add(ch)
         self.base = np.asarray(base, dtype=np.int64)[ids]
         self.base_channels = int(self.base.max()) + 1
+
+    def first_epochs(self, limit: int) -> int:
+        """Where the search for the epoch count starts: every send of one connection is a step
+        of one threadblock, so a connection with more pieces than ``limit`` needs more epochs
+        whatever the pairing. Starting there usually saves assembling a plan only to find it
+        too long."""
+        pieces = -(-self.count // MAX_CNT)
+        _, conn = np.unique(np.stack([self.src, self.dst, self.base]), axis=1,
+                            return_inverse=True)
+        longest = float(np.bincount(conn.ravel(), weights=pieces).max())
+        return max(1, math.ceil(longest / (0.8 * limit)))
 
     # ---- assembly for one channel plan ------------------------------------------------------
     def assemble(self, epochs: int) -> tuple[dict[int, list[_TbPlan]], int]:
@@ -442,13 +453,17 @@ class _Program:
         unless something else waits on the receive before that send would run."""
         T = self.T
         pos = self.pos.tolist()
-        firsts: dict[int, list[tuple[int, int]]] = defaultdict(list)  # two earliest waiters
+        firsts: dict[int, list[tuple[int, int]]] = {}  # two earliest waiters, earliest first
 
         def waits_on(target: int, waiter: int) -> None:
-            best = firsts[target]
-            best.append((pos[waiter], waiter))
-            best.sort()
-            del best[2:]
+            new = (pos[waiter], waiter)
+            best = firsts.get(target)
+            if best is None:
+                firsts[target] = [new]
+            elif len(best) == 1:
+                best.insert(0 if new < best[0] else 1, new)
+            elif new < best[1]:
+                best[0:2] = [new, best[0]] if new < best[0] else [best[0], new]
 
         for e in range(2 * T):
             for w in self.deps[e]:
@@ -472,7 +487,8 @@ class _Program:
                     if b is not None and a.type in ("r", "rrc") and b.type == "s" \
                             and a.events[0] in b.deps and self._same_chunks(a, b):
                         r_ev, s_ev = a.events[0], b.events[0]
-                        other = next((p for p, w in firsts[r_ev] if w != s_ev), 1 << 62)
+                        other = next((p for p, w in firsts.get(r_ev, ()) if w != s_ev),
+                                     1 << 62)
                         if other > pos[s_ev]:
                             ops.append(self._fused(a, b, r_ev, s_ev))
                             self.fused += 1
@@ -571,12 +587,15 @@ class _Program:
                 for u in range(I):
                     tb = Tb(t * I + u, plan.send, plan.recv, plan.chan * I + u)
                     nchannels = max(nchannels, tb.chan + 1)
+                    gpu.tbs.append(tb)
+                    if I == 1:
+                        tb.steps = base_steps
+                        continue
                     for st in base_steps:
                         tb.steps.append(Step(
                             st.s, st.type, st.srcbuf, _inst(st.srcoff, I, u), st.dstbuf,
                             _inst(st.dstoff, I, u), st.cnt,
                             st.depid * I + u if st.depid >= 0 else -1, st.deps, st.hasdep))
-                    gpu.tbs.append(tb)
             if len(gpu.tbs) > limit_tbs:
                 raise InputError(f"tenant {self.tenant}: rank {g} needs {len(gpu.tbs)} "
                                  f"threadblocks; the {self.dialect} runtime allows {limit_tbs}")
@@ -621,6 +640,13 @@ class _Program:
                 f"ranks={self.n} chunks={self.C} instances={instances} root={self.root}"
                 + (f" tenant={d.name}" if d.name and "--" not in d.name and " " not in d.name
                    else ""))
+
+
+def _per_transfer(transfer: np.ndarray, atom: np.ndarray, T: int) -> list[list[int]]:
+    """The atoms of each transfer, from (transfer, atom) pairs sorted by transfer."""
+    cut = np.searchsorted(transfer, np.arange(T + 1)).tolist()
+    atoms = atom.tolist()
+    return [atoms[cut[x]:cut[x + 1]] for x in range(T)]
 
 
 def _pieces(cnt: int) -> int:

@@ -138,6 +138,7 @@ class PoolStats:
 class _Slot:
     index: int
     process: BaseProcess | None = None
+    helper: BaseProcess | None = None  # the worker's second process (judging, lowering)
     conn: Connection | None = None
     thread: threading.Thread | None = None
     ready: threading.Event = field(default_factory=threading.Event)
@@ -249,20 +250,29 @@ class WorkerPool:
     def _spawn(self, slot: _Slot) -> None:
         from choreo.service import worker
 
+        lend, borrow = self._ctx.Pipe()
+        helper = self._ctx.Process(target=worker.helper_main,
+                                   args=(borrow, self.warmup_topology, self.nice),
+                                   name=f"choreo-helper-{slot.index}", daemon=True)
+        helper.start()
+        borrow.close()
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=worker.main, args=(child, self.warmup_topology, self.nice),
+        proc = self._ctx.Process(target=worker.main,
+                                 args=(child, self.warmup_topology, self.nice, lend),
                                  name=f"choreo-worker-{slot.index}", daemon=True)
         proc.start()
         child.close()
-        slot.process, slot.conn = proc, parent
+        lend.close()
+        slot.process, slot.helper, slot.conn = proc, helper, parent
 
     def _kill(self, slot: _Slot) -> None:
-        if slot.process is not None:
-            slot.process.kill()
-            slot.process.join(timeout=5)
+        for proc in (slot.process, slot.helper):
+            if proc is not None:
+                proc.kill()
+                proc.join(timeout=5)
         if slot.conn is not None:
             slot.conn.close()
-        slot.process = slot.conn = None
+        slot.process = slot.helper = slot.conn = None
 
     def _await_ready(self, slot: _Slot) -> bool:
         """Wait for the fresh worker's hello; False if it died or we are closing."""

@@ -11,16 +11,20 @@ an MSCCL program may name nothing but the tenant's GPUs.
 
 from __future__ import annotations
 
+import collections
 import gzip
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
 
 import grpc
 
 from choreo.collectives import Demand
 from choreo.errors import InfeasibleError, InputError
 from choreo.hierarchy import applies, slices_for
+from choreo.msccl.buckets import BucketFile, plan_files
 from choreo.report import evaluate
 from choreo.schedule import Schedule
 from choreo.service.api import pb
@@ -38,14 +42,46 @@ Say = Callable[[str, str, int, int], None]  # stage, message, done, total
 class _Solved:
     bucket: SizeBucket
     schedule: Schedule
-    prediction: pb.Prediction
-    verification: pb.Verification
+    round: int
+    member: int  # the tenant's index among the round's demands
 
 
-def run(work: Work, say: Say) -> bytes:
+@dataclass(frozen=True)
+class _Judge:
+    """Verify and simulate one round's schedule: per tenant its prediction, and the verdict.
+    Plain values come back (the generated message classes do not pickle)."""
+
+    schedule: Schedule
+
+    def run(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        ev = evaluate(self.schedule, baselines=False)
+        predictions = [dict(time_seconds=tr.time, algbw_bytes_per_second=tr.algbw,
+                            busbw_bytes_per_second=tr.busbw, lower_bound_seconds=tr.bound,
+                            fraction_of_bound=tr.fraction_of_bound, bound_kind=tr.bound_kind)
+                       for tr in ev.tenants]
+        return predictions, dict(ok=ev.verdict.ok, errors=ev.verdict.errors[:MAX_ERRORS],
+                                 transfers=len(self.schedule))
+
+
+@dataclass(frozen=True)
+class _Encode:
+    """Lower one bucket's file to MSCCL XML, gzipped if the client asked."""
+
+    file: BucketFile
+    gzip: bool
+
+    def run(self) -> str | bytes:
+        xml = self.file.xml()
+        return gzip.compress(xml.encode(), compresslevel=6, mtime=0) if self.gzip else xml
+
+
+Task = _Judge | _Encode
+
+
+def run(work: Work, say: Say, helper: Connection | None = None) -> bytes:
     """The whole request; choreo's errors become the status a client should see."""
     try:
-        return _run(work, say)
+        return _run(work, say, helper)
     except InfeasibleError as err:
         raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, str(err),
                            reason="INFEASIBLE") from None
@@ -54,17 +90,17 @@ def run(work: Work, say: Say) -> bytes:
                            violations=[("request", str(err))]) from None
 
 
-def _run(work: Work, say: Say) -> bytes:
+def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
     started = time.perf_counter()
     fabric, tenants, opts = work.fabric, work.tenants, work.options
     plans = [[plan_buckets(c.min_bytes, c.max_bytes, _buckets(work, t, j), _chunker(work, t, j))
               for j, c in enumerate(t.collectives)] for t in tenants]
     rounds = [(j, b) for j in range(max(len(t.collectives) for t in tenants))
               for b in range(max(len(p[j]) for p in plans if len(p) > j))]
-    total = len(rounds) * 2 + sum(len(p) for p in plans)
-    done = 0
+    total = 2 * len(rounds) + sum(len(p) for tenant in plans for p in tenant)  # progress steps
+    schedules: list[Schedule] = []
     solved: dict[tuple[int, int], list[_Solved]] = {}
-    for j, b in rounds:
+    for r, (j, b) in enumerate(rounds):
         members = [i for i, t in enumerate(tenants) if len(t.collectives) > j]
         picked = [plans[i][j][min(b, len(plans[i][j]) - 1)] for i in members]
         demands = [
@@ -72,48 +108,94 @@ def _run(work: Work, say: Say) -> bytes:
                    tenants[i].collectives[j].root, tenants[i].weight, tenants[i].name)
             for i, bk in zip(members, picked, strict=True)
         ]
-        say("synthesizing", f"collective {j} bucket {b}", done, total)
-        sched = _solve(work, demands, len(rounds))
-        done += 1
-        say("evaluating", f"collective {j} bucket {b}", done, total)
-        ev = evaluate(sched, baselines=False)
-        done += 1
-        errors = list(ev.verdict.errors[:MAX_ERRORS])
+        say("synthesizing", f"collective {j} bucket {b}", r, total)
+        schedules.append(_solve(work, demands, len(rounds)))
         for k, (i, bk) in enumerate(zip(members, picked, strict=True)):
-            if b >= len(plans[i][j]):
-                continue  # this tenant's range has fewer buckets; it only kept others company
-            tr = ev.tenants[k]
-            solved.setdefault((i, j), []).append(_Solved(
-                bk, sched,
-                pb.Prediction(time_seconds=tr.time, algbw_bytes_per_second=tr.algbw,
-                              busbw_bytes_per_second=tr.busbw, lower_bound_seconds=tr.bound,
-                              fraction_of_bound=tr.fraction_of_bound, bound_kind=tr.bound_kind),
-                pb.Verification(ok=ev.verdict.ok, errors=errors, transfers=len(sched)),
-            ))
+            if b < len(plans[i][j]):  # else it only kept the others company
+                solved.setdefault((i, j), []).append(_Solved(bk, schedules[-1], r, k))
+    files = {key: _files(items, work, f"tenants[{key[0]}].collectives[{key[1]}]")
+             for key, items in solved.items()}
+    # Judging and lowering are independent once every round is solved: the worker and its
+    # helper process share them.
+    tasks: list[Task] = [_Judge(s) for s in schedules]
+    lowered = [(key, b) for key in solved for b in range(len(files[key]))]
+    tasks += [_Encode(files[key][b], opts.gzip) for key, b in lowered]
+    results = _share(tasks, helper, lambda done, task: say(
+        "evaluating" if isinstance(task, _Judge) else "lowering",
+        f"{done} of {len(tasks)} schedules judged or files lowered", len(rounds) + done, total))
+    judged = results[:len(schedules)]
+    encoded = dict(zip(lowered, results[len(schedules):], strict=True))
     response = pb.SynthesizeResponse(fabric_fingerprint=fabric.fingerprint(), engine=opts.engine,
                                      result_id=work.result_id)
     for i, t in enumerate(tenants):
         out = response.tenants.add(name=t.name)
         for j, c in enumerate(t.collectives):
-            members = [m for m, u in enumerate(tenants) if len(u.collectives) > j]
-            say("lowering", f"{t.name} {c.collective.value}", done, total)
-            files = _lower(solved[(i, j)], members.index(i), work, f"tenants[{i}].collectives[{j}]")
-            done += len(solved[(i, j)])
             res = out.collectives.add(collective=c.collective.value)
             # The lowering names files after the tenant; keep a tenant's collectives apart.
             prefix = f"{j}-{c.collective.value}-" if len(t.collectives) > 1 else ""
-            for s, (file_name, xml) in zip(solved[(i, j)], files, strict=True):
+            for b, (s, f) in enumerate(zip(solved[(i, j)], files[(i, j)], strict=True)):
+                predictions, verification = judged[s.round]
                 bucket = res.buckets.add(
                     min_bytes=s.bucket.lo, max_bytes=s.bucket.hi,
                     representative_bytes=s.bucket.size, chunks=s.bucket.chunks,
-                    file_name=prefix + file_name, prediction=s.prediction,
-                    verification=s.verification, engine=s.schedule.engine)
-                if opts.gzip:
-                    bucket.xml_gzip = gzip.compress(xml.encode(), compresslevel=6, mtime=0)
+                    file_name=prefix + f.name, prediction=pb.Prediction(**predictions[s.member]),
+                    verification=pb.Verification(**verification), engine=s.schedule.engine)
+                body = _lowered(encoded[((i, j), b)], f"tenants[{i}].collectives[{j}]")
+                if isinstance(body, bytes):
+                    bucket.xml_gzip = body
                 else:
-                    bucket.xml = xml
+                    bucket.xml = body
     response.synthesis_seconds = time.perf_counter() - started
     return response.SerializeToString()
+
+
+def _share(tasks: list[Task], helper: Connection | None,
+           progress: Callable[[int, Task], None]) -> list[Any]:
+    """Run ``tasks``, handing one at a time to the helper while this process works through
+    the rest from the other end. Results (or the exception a task raised) by task index."""
+    results: list[Any] = [None] * len(tasks)
+    todo = collections.deque(range(len(tasks)))
+    lent: int | None = None
+    done = 0
+    while todo or lent is not None:
+        try:
+            if helper is not None and lent is None and todo:
+                lent = todo.popleft()
+                helper.send(tasks[lent])
+                continue
+            if helper is not None and lent is not None and (not todo or helper.poll()):
+                results[lent] = helper.recv()
+                done += 1
+                progress(done, tasks[lent])
+                lent = None
+                continue
+        except (EOFError, OSError):
+            # The helper died: do its task here and carry on alone.
+            helper = None
+            if lent is not None:
+                todo.appendleft(lent)
+                lent = None
+            continue
+        k = todo.pop()
+        try:
+            results[k] = tasks[k].run()
+        except Exception as err:
+            results[k] = err
+        done += 1
+        progress(done, tasks[k])
+    for task, r in zip(tasks, results, strict=True):
+        if isinstance(r, BaseException) and not (isinstance(task, _Encode)
+                                                 and isinstance(r, InputError)):
+            raise r
+    return results
+
+
+def _lowered(body: Any, where: str) -> str | bytes:
+    """A lowering's result; a schedule the runtime could not run (too many steps for the
+    channels, a collective the dialect lacks) is the request's fault."""
+    if isinstance(body, InputError):
+        raise invalid(where, f"cannot be lowered to MSCCL: {body}")
+    return body
 
 
 def _solve(work: Work, demands: list[Demand], rounds: int) -> Schedule:
@@ -152,22 +234,15 @@ def _chunker(work: Work, t: TenantSpec, j: int) -> Callable[[int], int]:
     return lambda size: auto_chunks(work.fabric, c.collective, size, len(t.npus))
 
 
-def _lower(solved: list[_Solved], tenant: int, work: Work,
-           where: str) -> list[tuple[str, str]]:
-    """One MSCCL XML file per bucket, each serving its sizes ``lo..hi`` (inclusive).
-
-    A schedule the runtime could not run (too many steps for the channels, a collective the
-    dialect lacks) is the request's fault: INVALID_ARGUMENT on that collective.
-    """
-    from choreo import msccl
-
+def _files(solved: list[_Solved], work: Work, where: str) -> list[BucketFile]:
+    """One MSCCL file per bucket, each serving its sizes ``lo..hi`` (inclusive)."""
     opts = work.options
     buckets = [(s.bucket.lo, s.bucket.hi, s.schedule) for s in solved]
     try:
-        files = msccl.bucket_files(buckets, tenant, dialect=opts.dialect,
-                                   instances=opts.instances, proto=opts.proto)
+        files = plan_files(buckets, solved[0].member, dialect=opts.dialect,
+                           instances=opts.instances, proto=opts.proto)
     except InputError as err:
         raise invalid(where, f"cannot be lowered to MSCCL: {err}") from None
     if len(files) != len(solved):
         raise RuntimeError(f"{where}: {len(files)} MSCCL files for {len(solved)} buckets")
-    return list(files)
+    return files

@@ -37,7 +37,31 @@ def warm_up(topology: str) -> None:
         from choreo import msccl  # noqa: F401  (imported now rather than during a request)
 
 
-def main(conn: Connection, warmup_topology: str, nice: int = 0) -> None:
+def helper_main(conn: Connection, warmup_topology: str, nice: int = 0) -> None:
+    """Run the tasks a worker lends (``work.Task``: judging, lowering) until the pipe closes.
+    A task's exception is sent back as its result."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if nice > 0:
+        os.nice(nice)
+    from choreo.service import work  # noqa: F401  (the task types unpickle from it)
+
+    with contextlib.suppress(Exception):
+        warm_up(warmup_topology)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            result = task.run()
+        except Exception as err:
+            result = err
+        conn.send(result)
+
+
+def main(conn: Connection, warmup_topology: str, nice: int = 0,
+         helper: Connection | None = None) -> None:
     """Serve one request at a time until the pipe closes; the parent kills us to cancel.
 
     ``nice`` lowers the worker's CPU priority: on a busy pod the server process, which
@@ -65,7 +89,7 @@ def main(conn: Connection, warmup_topology: str, nice: int = 0) -> None:
             return
         reply: tuple[Any, ...]
         try:
-            reply = ("ok", work.run(job, say))
+            reply = ("ok", work.run(job, say, helper))
         except RequestError as err:
             reply = ("error", err)
         except Exception as err:
