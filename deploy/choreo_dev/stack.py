@@ -44,10 +44,15 @@ def port_open(port: int) -> bool:
 
 
 def synthesizer_argv(port: int, metrics_port: int = -1, workers: int = 2) -> list[str]:
-    """``choreo serve`` on loopback without a warm-up, with a short shutdown grace."""
+    """``choreo serve`` on loopback without a warm-up, with a short shutdown grace.
+
+    Workers run at the server's priority here. In a cluster the synthesizer's container is a
+    cgroup of its own, so the workers' default niceness ranks them only below their own
+    server; on one machine it would rank them below the API server, etcd and kwok as well,
+    which no deployment does."""
     return [sys.executable, "-m", "choreo.service", "serve", "--host", HOST, "--port", str(port),
             "--metrics-port", str(metrics_port), "--workers", str(workers),
-            "--warmup-topology", "", "--grace", "2"]
+            "--warmup-topology", "", "--grace", "2", "--worker-nice", "0"]
 
 
 def operator_argv(kubeconfig: Path, synthesizer: str, metrics_port: int, webhook_port: int,

@@ -29,13 +29,17 @@ class Router:
 
     def __init__(self, fabric: Topology, nbytes: float) -> None:
         self.fabric = fabric
-        self.cost = [lk.alpha + nbytes / lk.bandwidth for lk in fabric.links]
+        cost = [lk.alpha + nbytes / lk.bandwidth for lk in fabric.links]
+        # Per node its usable out-links as (link, head, cost), in link order: one search per
+        # source NPU, so the inner loop should touch nothing else.
+        self.adj = [[(i, fabric.links[i].dst, cost[i]) for i in fabric.out_links(v)
+                     if fabric.usable(i)] for v in range(fabric.num_nodes)]
 
     def _tree(self, src: int, targets: set[int]) -> list[int]:
         """Predecessor links from ``src``; stops once every target is settled."""
-        fab = self.fabric
-        dist = [float("inf")] * fab.num_nodes
-        pred = [-1] * fab.num_nodes
+        adj = self.adj
+        dist = [float("inf")] * len(adj)
+        pred = [-1] * len(adj)
         dist[src] = 0.0
         heap = [(0.0, src)]
         left = set(targets) - {src}
@@ -44,11 +48,8 @@ class Router:
             if d > dist[v]:
                 continue
             left.discard(v)
-            for i in fab.out_links(v):
-                if not fab.usable(i):
-                    continue
-                w = fab.links[i].dst
-                nd = d + self.cost[i]
+            for i, w, c in adj[v]:
+                nd = d + c
                 if nd < dist[w]:
                     dist[w] = nd
                     pred[w] = i

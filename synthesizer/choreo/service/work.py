@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import gzip
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -151,43 +152,66 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
 
 def _share(tasks: list[Task], helper: Connection | None,
            progress: Callable[[int, Task], None]) -> list[Any]:
-    """Run ``tasks``, handing one at a time to the helper while this process works through
-    the rest from the other end. Results (or the exception a task raised) by task index."""
+    """Run ``tasks`` here and in the helper process, each taking the next task whenever it is
+    free (a thread hands them to the helper and waits for its answers, which releases the
+    GIL). Longest first, so neither side is left with a long one at the end. Results (or the
+    exception a task raised) by task index."""
     results: list[Any] = [None] * len(tasks)
-    todo = collections.deque(range(len(tasks)))
-    lent: int | None = None
+    todo = collections.deque(sorted(range(len(tasks)), key=lambda k: -_cost(tasks[k])))
+    lock = threading.Lock()
     done = 0
-    while todo or lent is not None:
-        try:
-            if helper is not None and lent is None and todo:
-                lent = todo.popleft()
-                helper.send(tasks[lent])
-                continue
-            if helper is not None and lent is not None and (not todo or helper.poll()):
-                results[lent] = helper.recv()
-                done += 1
-                progress(done, tasks[lent])
-                lent = None
-                continue
-        except (EOFError, OSError):
-            # The helper died: do its task here and carry on alone.
-            helper = None
-            if lent is not None:
-                todo.appendleft(lent)
-                lent = None
+
+    def take() -> int | None:
+        with lock:
+            return todo.popleft() if todo else None
+
+    def finished(k: int, result: Any) -> None:
+        nonlocal done
+        with lock:
+            results[k] = result
+            done += 1
+            progress(done, tasks[k])
+
+    def lend(conn: Connection) -> None:
+        while (k := take()) is not None:
+            try:
+                conn.send(tasks[k])
+                result = conn.recv()
+            except (EOFError, OSError):  # the helper died: its task goes back to the queue
+                with lock:
+                    todo.appendleft(k)
+                return
+            finished(k, result)
+
+    feeder = threading.Thread(target=lend, args=(helper,), daemon=True) if helper else None
+    if feeder is not None:
+        feeder.start()
+    while True:
+        k = take()
+        if k is None:
+            if feeder is None or not feeder.is_alive():
+                break
+            feeder.join()  # it may hand back a task if the helper dies
+            feeder = None
             continue
-        k = todo.pop()
+        result: Any
         try:
-            results[k] = tasks[k].run()
+            result = tasks[k].run()
         except Exception as err:
-            results[k] = err
-        done += 1
-        progress(done, tasks[k])
+            result = err
+        finished(k, result)
     for task, r in zip(tasks, results, strict=True):
         if isinstance(r, BaseException) and not (isinstance(task, _Encode)
                                                  and isinstance(r, InputError)):
             raise r
     return results
+
+
+def _cost(task: Task) -> float:
+    """Rough relative run time: lowering costs about twice what judging does per transfer."""
+    if isinstance(task, _Encode):
+        return 2.0 * float(task.file.schedule.count.sum())
+    return float(task.schedule.count.sum())
 
 
 def _lowered(body: Any, where: str) -> str | bytes:
