@@ -43,6 +43,9 @@ class _NoApi:
     async def get(self, path: str) -> Any:
         raise RuntimeError("offline planner")
 
+    async def list_metadata(self, path: str) -> Any:
+        raise RuntimeError("offline planner")
+
     async def create(self, path: str, body: dict[str, Any]) -> Any:
         raise RuntimeError("offline planner")
 

@@ -44,6 +44,9 @@ class LazyApi:
     async def get(self, path: str) -> Any:
         return await (await self._api()).get(path)
 
+    async def list_metadata(self, path: str) -> Any:
+        return await (await self._api()).list_metadata(path)
+
     async def create(self, path: str, body: dict[str, Any]) -> Any:
         return await (await self._api()).create(path, body)
 

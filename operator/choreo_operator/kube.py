@@ -17,6 +17,9 @@ import kopf
 
 JSON = "application/json"
 MERGE = "application/merge-patch+json"
+# A list of objects without their contents: what garbage collection needs, not megabytes of
+# ConfigMap data.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 
 
 class ApiError(Exception):
@@ -59,27 +62,34 @@ class Kube:
         self._session: aiohttp.ClientSession | None = None
 
     async def request(self, method: str, path: str, body: Any = None,
-                      content_type: str = JSON, timeout: float = 15.0) -> Any:
+                      content_type: str = JSON, timeout: float = 15.0, accept: str = JSON,
+                      answer: bool = True) -> Any:
+        """The decoded answer, or None with ``answer=False`` (a created ConfigMap is echoed
+        back whole, megabytes nobody reads)."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=self._ssl, limit=16))
-        headers = dict(self._headers)
+        headers = {**self._headers, "Accept": accept}
         data = None
         if body is not None:
             data = json.dumps(body)
             headers["Content-Type"] = content_type
         async with self._session.request(method, self.server + path, data=data, headers=headers,
                                          timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            text = await resp.text()
+            raw = await resp.read()
             if resp.status >= 300:
-                raise ApiError(resp.status, method, path, text)
-            return json.loads(text) if text else None
+                raise ApiError(resp.status, method, path, raw.decode(errors="replace"))
+            return json.loads(raw) if raw and answer else None
 
     async def get(self, path: str) -> Any:
         return await self.request("GET", path)
 
+    async def list_metadata(self, path: str) -> Any:
+        return await self.request("GET", path, accept=METADATA_LIST)
+
     async def create(self, path: str, body: dict[str, Any]) -> Any:
-        return await self.request("POST", path, body)
+        """Create; the created object is not returned."""
+        return await self.request("POST", path, body, answer=False)
 
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
         return await self.request("PATCH", path, patch, content_type=MERGE)

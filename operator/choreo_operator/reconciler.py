@@ -69,6 +69,7 @@ class Inputs:
 
 class Api(Protocol):
     async def get(self, path: str) -> Any: ...
+    async def list_metadata(self, path: str) -> Any: ...
     async def create(self, path: str, body: dict[str, Any]) -> Any: ...
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any: ...
     async def delete(self, path: str) -> Any: ...
@@ -702,7 +703,7 @@ class Reconciler:
         state.mounted = mounted
         selector = f"{results.LABEL_JOB}={job.name[:63]}"
         try:
-            listing = await self.api.get(
+            listing = await self.api.list_metadata(
                 f"/api/v1/namespaces/{job.namespace}/configmaps?labelSelector={selector}")
         except ApiError as err:
             log.warning("listing ConfigMaps of %s: %s", job.key, err)

@@ -37,6 +37,9 @@ class FakeApi:
         prefix = path.split("?")[0] + "/"
         return {"items": [v for k, v in self.objects.items() if k.startswith(prefix)]}
 
+    async def list_metadata(self, path: str) -> Any:
+        return await self.get(path)
+
     async def create(self, path: str, body: dict[str, Any]) -> Any:
         key = f"{path}/{body['metadata'].get('name', len(self.objects))}"
         if key in self.objects:
