@@ -129,13 +129,14 @@ class Atoms:
     to that node, so two chunks of one atom always travel together there and one key stands
     for all of them: a schedule of single chunks gets one atom per chunk copy, a range of many
     chunks only as many atoms as it has boundaries inside. Atom ``a`` holds the tenant-wide
-    chunks ``first[a] .. first[a] + size[a] - 1`` of its node.
+    chunks ``first[a] .. first[a] + size[a] - 1`` of its node, ``node[a]``.
     """
 
     reads: tuple[np.ndarray, np.ndarray]
     writes: tuple[np.ndarray, np.ndarray]
     first: np.ndarray
     size: np.ndarray
+    node: np.ndarray
 
     @property
     def count(self) -> int:
@@ -156,7 +157,7 @@ def node_atoms(s: Schedule) -> Atoms:
                               return_inverse=True)
         inv = inv.astype(np.int64)
         return Atoms((every, inv[:m]), (every, inv[m:]), cuts % span,
-                     np.ones(len(cuts), dtype=np.int64))
+                     np.ones(len(cuts), dtype=np.int64), cuts // span)
     hi = lo + s.count
     cuts = np.unique(np.concatenate([src * span + lo, src * span + hi,
                                      dst * span + lo, dst * span + hi]))
@@ -169,7 +170,8 @@ def node_atoms(s: Schedule) -> Atoms:
         return t, np.repeat(first, n_atoms) + np.arange(len(t)) - start
 
     # the last cut of a node ends its atoms; no row refers to it, so its size is moot
-    return Atoms(rows(src), rows(dst), cuts % span, np.diff(cuts, append=cuts[-1:]))
+    return Atoms(rows(src), rows(dst), cuts % span, np.diff(cuts, append=cuts[-1:]),
+                 cuts // span)
 
 
 def _run(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from choreo.collectives import Collective
 
 DIALECTS = ("executor", "legacy")
@@ -140,29 +142,32 @@ def chunk_units(coll: Collective, n: int, chunks: int) -> int:
     return n * chunks
 
 
-def input_index(coll: Collective, n: int, chunks: int, k: int, rank: int, root: int) -> int | None:
-    """Where schedule chunk ``k`` starts in ``rank``'s input (chunk units), or None."""
+def input_index(coll: Collective, n: int, chunks: int, k: np.ndarray, rank: np.ndarray,
+                root: int) -> np.ndarray:
+    """Where schedule chunk ``k[j]`` starts in ``rank[j]``'s input (chunk units), or -1."""
+    k, rank = np.asarray(k, dtype=np.int64), np.asarray(rank, dtype=np.int64)
     if coll in (Collective.ALLREDUCE, Collective.REDUCESCATTER, Collective.REDUCE):
-        return k
+        return k + 0 * rank
     if coll in (Collective.ALLGATHER, Collective.GATHER):
-        return k % chunks if k // chunks == rank else None
+        return np.where(k // chunks == rank, k % chunks, -1)
     if coll in (Collective.BROADCAST, Collective.SCATTER):
-        return k if rank == root else None
+        return np.where(rank == root, k, -1)
     # alltoall: chunk k leaves rank k // (n*chunks) from its block for the destination
-    return k % (n * chunks) if k // (n * chunks) == rank else None
+    return np.where(k // (n * chunks) == rank, k % (n * chunks), -1)
 
 
-def output_index(coll: Collective, n: int, chunks: int, k: int, rank: int,
-                 root: int) -> int | None:
-    """Where schedule chunk ``k`` must end in ``rank``'s output (chunk units), or None."""
+def output_index(coll: Collective, n: int, chunks: int, k: np.ndarray, rank: np.ndarray,
+                 root: int) -> np.ndarray:
+    """Where schedule chunk ``k[j]`` must end in ``rank[j]``'s output (chunk units), or -1."""
+    k, rank = np.asarray(k, dtype=np.int64), np.asarray(rank, dtype=np.int64)
     if coll in (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.BROADCAST):
-        return k
+        return k + 0 * rank
     if coll in (Collective.REDUCE, Collective.GATHER):
-        return k if rank == root else None
+        return np.where(rank == root, k, -1)
     if coll in (Collective.REDUCESCATTER, Collective.SCATTER):
-        return k % chunks if k // chunks == rank else None
+        return np.where(k // chunks == rank, k % chunks, -1)
     src, dst = k // (n * chunks), (k // chunks) % n
-    return src * chunks + k % chunks if dst == rank else None
+    return np.where(dst == rank, src * chunks + k % chunks, -1)
 
 
 def supports_inplace(coll: Collective) -> bool:

@@ -18,14 +18,18 @@ A transfer of several chunks (``Schedule.count``) becomes one step of that ``cnt
 consecutive steps of at most ``MAX_CNT`` chunks. Hazards are tracked per *atom*: the pieces a
 rank's chunk space falls into at the boundaries of the ranges it sends and receives, so the
 analysis costs per range, not per chunk.
+
+The per-event passes (hazards, threadblocks, fusion, dependencies, the ``<gpu>`` text) run in
+the compiled engine (``choreo_engine.lower_tenant``); this module prepares their arrays and
+words their errors.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -44,44 +48,33 @@ from choreo.msccl.layout import (
     input_index,
     output_index,
 )
-from choreo.msccl.xmlmodel import Algo, Gpu, Step, Tb
+from choreo.msccl.xmlmodel import Algo, head_text
 from choreo.schedule import Op, Schedule
 from choreo.simulate import node_atoms
 from choreo.verify import destination_pairs
+from choreo_engine import lower_tenant
 
 EPS = 1e-12  # seconds: an arrival this close after a send's start still feeds it (as verify)
-Loc = tuple[str, int]
-IndexFn = Callable[[Collective, int, int, int, int, int], "int | None"]
-
-
-@dataclass
-class _Op:
-    type: str
-    pos: int
-    src: Loc
-    dst: Loc
-    deps: list[int]  # event ids
-    events: tuple[int, ...]
-    cnt: int = 1
-
-
-@dataclass
-class _TbPlan:
-    send: int
-    recv: int
-    chan: int
-    ops: list[_Op] = field(default_factory=list)
+ABSENT, SPLIT = -1, -2  # an atom's offset: not in that buffer; its chunks apart in that buffer
 
 
 @dataclass
 class Lowering:
-    """The program before instances are applied, with the facts tests and the bench report."""
+    """The program as XML text, with the facts tests and the bench report."""
 
-    algo: Algo
+    text: str
     epochs: int
     base_channels: int
     fused: int
     max_steps: int
+
+    @cached_property
+    def algo(self) -> Algo:
+        from choreo.msccl.parse import parse
+
+        algo = parse(self.text).algo
+        assert algo is not None, "the lowering wrote a file its parser rejects"
+        return algo
 
 
 def check_options(dialect: str, instances: int, proto: str, min_bytes: int,
@@ -109,20 +102,7 @@ def lower(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", ins
     if instances > 1 and prog.ranged:
         raise InputError(f"tenant {tenant}: transfers of several chunks need instances=1 "
                          f"(got {instances}); instances interleave the chunks")
-    limit = MAX_STEPS[dialect]
-    epochs = prog.first_epochs(limit)
-    while True:
-        if epochs > 1 and epochs * prog.base_channels * instances > MAX_CHANNELS:
-            raise InputError(
-                f"tenant {tenant}: the {dialect} runtime allows {limit} steps per threadblock; "
-                f"this schedule would need {epochs * prog.base_channels * instances} channels "
-                f"(> {MAX_CHANNELS}) to spill them; use fewer chunks or instances")
-        tbs, max_steps = prog.assemble(epochs)
-        if max_steps <= limit:
-            break
-        epochs = max(epochs + 1, math.ceil(epochs * max_steps / (0.8 * limit)))
-    algo = prog.emit(tbs, instances, proto, min_bytes, max_bytes, name)
-    return Lowering(algo, epochs, prog.base_channels, prog.fused, max_steps)
+    return prog.run(instances, proto, min_bytes, max_bytes, name)
 
 
 class _Program:
@@ -154,7 +134,8 @@ class _Program:
             raise InputError(f"{self._name(x)}: REDUCE in a {self.coll.value}, which does not "
                              "combine")
         self._order()
-        self._hazards()
+        self._offsets()
+        self._finals()
         self._channels()
 
     # ---- analysis ----------------------------------------------------------------------
@@ -178,6 +159,7 @@ class _Program:
                 f"NPU {npu}, which is not one of tenant {self.tenant}'s ranks; MSCCL can only "
                 "use GPUs of the communicator (synthesize with relay=False)")
         self.src, self.dst = sr.astype(np.int64), dr.astype(np.int64)
+        self.rank_of = lut
         self.chunk = schedule.chunk[mask].astype(np.int64)
         bad = np.flatnonzero((self.chunk < 0) | (self.count < 1)
                              | (self.chunk + self.count > d.num_chunks))
@@ -188,13 +170,17 @@ class _Program:
 
     def _atoms(self, mine: Schedule) -> None:
         """Per transfer, the atoms it reads at its source and writes at its destination (in
-        chunk order), and per atom its first chunk and size (see ``simulate.Atoms``)."""
+        chunk order, as offsets into one array per side), and per atom its node, first chunk
+        and size (see ``simulate.Atoms``)."""
         atoms = node_atoms(mine)
         base = sum(d.num_chunks for d in mine.demands[: self.tenant])
-        self.atom_lo = (atoms.first - base).tolist()
-        self.atom_size = atoms.size.tolist()
-        self.reads_of = _per_transfer(*atoms.reads, self.T)
-        self.writes_of = _per_transfer(*atoms.writes, self.T)
+        self.atom_lo = atoms.first - base
+        self.atom_size = atoms.size
+        self.atom_node = self.rank_of[atoms.node]  # every atom's node is one of the ranks
+        bounds = np.arange(self.T + 1)
+        (rt, self.reads_atom), (wt, self.writes_atom) = atoms.reads, atoms.writes
+        self.reads_ptr = np.searchsorted(rt, bounds)
+        self.writes_ptr = np.searchsorted(wt, bounds)
 
     def _order(self) -> None:
         """The global event order L: sends at start, receives just before their end."""
@@ -224,105 +210,28 @@ class _Program:
                 busy.append(float(self.end[x]))
         self.lane = lane
 
-    def _hazards(self) -> None:
-        """Walk L once: where each event reads and writes, and which events it must wait for."""
-        T, n, combining = self.T, self.n, self.coll.combining
-        src, dst, op = self.src.tolist(), self.dst.tolist(), self.op.tolist()
-        alo, asize = self.atom_lo, self.atom_size
-        reduce = int(Op.REDUCE)
-        self.deps: list[list[int]] = [[] for _ in range(2 * T)]
-        self.read_loc: list[Loc] = [("i", -1)] * T  # per send
-        self.home: list[Loc] = [("o", -1)] * T  # per receive: where it stores
-        self.operand: list[Loc] = [("i", -1)] * T  # per REDUCE receive: what it adds to
-        self.readers: dict[int, list[int]] = {}
-        self.next_write: dict[int, int] = {}
-        homes: dict[int, Loc] = {}  # atom -> where it lives once received
-        last: dict[int, int] = {}  # atom -> last receive event
-        reads: dict[int, list[int]] = defaultdict(list)
-        self.scratch = [0] * n
-
-        def initial(x: int, g: int, a: int) -> Loc:
-            idx = self._span(input_index, alo[a], asize[a], g)
-            if idx is None:
-                raise InputError(f"{self._name(x)}: rank {g} sends chunk {alo[a]} before it "
-                                 "holds it")
-            return ("i", idx)
-
-        for e in self.L.tolist():
-            if e < T:
-                g = src[e]
-                locs = []
-                for a in self.reads_of[e]:
-                    w = last.get(a)
-                    if w is None:
-                        locs.append(initial(e, g, a))
-                    else:
-                        locs.append(homes[a])
-                        if w not in self.deps[e]:
-                            self.deps[e].append(w)
-                            self.readers[w].append(e)
-                    reads[a].append(e)
-                self.read_loc[e] = self._joined(e, locs, self.reads_of[e])
-                continue
-            x = e - T
-            g = dst[x]
-            atoms = self.writes_of[x]
-            for a in atoms:
-                if a not in homes:
-                    out = self._span(output_index, alo[a], asize[a], g)
-                    if out is None:
-                        homes[a] = ("s", self.scratch[g])
-                        self.scratch[g] += asize[a]
-                    else:
-                        homes[a] = ("o", out)
-            self.home[x] = self._joined(x, [homes[a] for a in atoms], atoms)
-            if op[x] == reduce:
-                self.operand[x] = self._joined(
-                    x, [initial(x, g, a) if a not in last else homes[a] for a in atoms], atoms)
-            waits: list[int] = []
-            for a in atoms:
-                w = last.get(a)
-                if w is not None:
-                    if combining:
-                        waits.append(w)
-                    self.next_write[w] = max(self.next_write.get(w, op[x]), op[x])
-                if combining:
-                    waits.extend(reads[a])
-                last[a] = e
-                reads[a] = []
-            self.deps[e].extend(dict.fromkeys(waits))
-            self.readers[e] = []
-        self.final_writes = set(last.values())
-        self._finals()
-
-    def _span(self, index_of: IndexFn, lo: int, size: int, g: int) -> int | None:
-        """Where chunks ``lo..lo+size-1`` sit in ``g``'s input or output, if they sit together;
-        None when they do not belong there."""
-        first = index_of(self.coll, self.n, self.C, lo, g, self.root)
-        if size == 1 or first is None or self.coll is Collective.ALLREDUCE:
-            return first
-        for j in range(1, size):
-            if index_of(self.coll, self.n, self.C, lo + j, g, self.root) != first + j:
-                raise InputError(f"tenant {self.tenant}: chunks {lo}..{lo + size - 1} are not "
-                                 f"contiguous in rank {g}'s buffers; split the range")
-        return first
-
-    def _joined(self, x: int, locs: list[Loc], atoms: list[int]) -> Loc:
-        """One buffer location for a transfer's atoms, which must lie back to back."""
-        if len(locs) == 1:
-            return locs[0]
-        buf, off = locs[0]
-        for (b, o), a in zip(locs, atoms, strict=True):
-            if b != buf or o != off:
-                raise InputError(f"{self._name(x)}: its chunks lie in different places on one "
-                                 "rank; a range must be contiguous in one buffer")
-            off += self.atom_size[a]
-        return locs[0]
+    def _offsets(self) -> None:
+        """Where each atom's chunks sit in its node's input and output (ABSENT if they do not
+        belong there; SPLIT if they are not back to back, which the range must not be)."""
+        lo, size, node = self.atom_lo, self.atom_size, self.atom_node
+        args = (self.coll, self.n, self.C)
+        self.atom_in = input_index(*args, lo, node, self.root)
+        self.atom_out = output_index(*args, lo, node, self.root)
+        many = np.flatnonzero(size > 1)
+        if not len(many) or self.coll is Collective.ALLREDUCE:
+            return
+        # every chunk of every ranged atom, against its atom's first offset
+        owner = np.repeat(many, size[many])
+        step = np.arange(len(owner)) - np.repeat(np.cumsum(size[many]) - size[many], size[many])
+        for index_of, first in ((input_index, self.atom_in), (output_index, self.atom_out)):
+            at = index_of(*args, lo[owner] + step, node[owner], self.root)
+            apart = (first[owner] >= 0) & (at != first[owner] + step)
+            first[np.unique(owner[apart])] = SPLIT
 
     def _finals(self) -> None:
-        """Every destination ends with its chunk; a rank's own data is copied i -> o."""
+        """Every destination ends with its chunk; a rank's own data is copied i -> o. A chunk
+        that never arrives is kept as ``self.missing`` and raised after the hazard errors."""
         coll, n, C, root, d = self.coll, self.n, self.C, self.root, self.demand
-        self.copies: dict[int, list[tuple[int, int]]] = defaultdict(list)
         span = d.num_chunks + 1
         recv_lo = self.dst * span + self.chunk
         edges = np.concatenate([recv_lo, recv_lo + self.count])
@@ -333,15 +242,17 @@ class _Program:
         at = ranks * span + chunks
         pos = np.searchsorted(edges, at, side="right") - 1
         covered = (pos >= 0) & (depth[np.maximum(pos, 0)] > 0)
-        for c, g in zip(chunks[~covered].tolist(), ranks[~covered].tolist(), strict=True):
-            out = output_index(coll, n, C, c, g, root)
-            idx = input_index(coll, n, C, c, g, root)
-            if out is None:
-                continue
-            if idx is None or coll.combining:
-                raise InputError(f"tenant {self.tenant}: chunk {c} never reaches rank {g} "
-                                 f"(NPU {d.ranks[g]}); the schedule is incomplete")
-            self.copies[g].append((idx, out))
+        c, g = chunks[~covered], ranks[~covered]
+        out = output_index(coll, n, C, c, g, root)
+        idx = input_index(coll, n, C, c, g, root)
+        keep = out >= 0
+        bad = np.flatnonzero(keep & ((idx < 0) | coll.combining))
+        self.missing = ""
+        if len(bad):
+            b = int(bad[0])
+            self.missing = (f"tenant {self.tenant}: chunk {int(c[b])} never reaches rank "
+                            f"{int(g[b])} (NPU {d.ranks[int(g[b])]}); the schedule is incomplete")
+        self.copies = (g[keep], idx[keep], out[keep])
 
     def _channels(self) -> None:
         """Base channel per connection: per rank at most 32 send and 32 receive peers each."""
@@ -377,239 +288,57 @@ class _Program:
         longest = float(np.bincount(conn.ravel(), weights=pieces).max())
         return max(1, math.ceil(longest / (0.8 * limit)))
 
-    # ---- assembly for one channel plan ------------------------------------------------------
-    def assemble(self, epochs: int) -> tuple[dict[int, list[_TbPlan]], int]:
-        T, B = self.T, self.base_channels
-        pos = self.pos
-        epoch = np.minimum(epochs - 1, pos[:T] * epochs // (2 * T))
-        chan = (epoch * B + self.base).tolist()
-        src, dst, ops = self.src.tolist(), self.dst.tolist(), self.op.tolist()
-        count = self.count.tolist()
-        reduce = int(Op.REDUCE)
-        # Pair each rank's receive peer with the send peer it forwards most to, per channel.
-        weight: dict[tuple[int, int, int, int], int] = defaultdict(int)
-        sends: dict[tuple[int, int], set[int]] = defaultdict(set)
-        recvs: dict[tuple[int, int], set[int]] = defaultdict(set)
-        for y in range(T):
-            sends[(src[y], chan[y])].add(dst[y])
-            recvs[(dst[y], chan[y])].add(src[y])
-            for w in self.deps[y]:
-                x = w - T
-                if chan[x] == chan[y]:
-                    weight[(src[y], chan[y], src[x], dst[y])] += 1
-        tb_of: dict[tuple[int, int, str, int], tuple[int, int]] = {}
-        tbs: dict[int, list[_TbPlan]] = defaultdict(list)
+    # ---- the compiled passes ------------------------------------------------------------
+    def run(self, instances: int, proto: str, min_bytes: int, max_bytes: int | None,
+            name: str | None) -> Lowering:
+        limit = MAX_STEPS[self.dialect]
+        units = layout.Units(self.coll, self.n, chunk_units(self.coll, self.n, self.C) * instances)
+        L = np.asarray(self.L, dtype=np.int64)
+        out = lower_tenant(
+            self.n, self.src, self.dst, self.op == Op.REDUCE, self.count, self.chunk, L,
+            self.pos, self.base, self.base_channels, self.reads_ptr, self.reads_atom,
+            self.writes_ptr, self.writes_atom, self.atom_size, self.atom_in, self.atom_out,
+            self.coll.combining, *self.copies, self.first_epochs(limit), instances, limit,
+            MAX_CHANNELS, MAX_TBS[self.dialect],
+            MAX_NODES if self.dialect == "executor" else 0, FIFO_CHUNKS, MAX_CNT,
+            units.in_units, units.out_units)
+        error = out.get("error")
+        if error in ("not_held", "split", "scattered"):
+            raise InputError(self._error(error, out["at"], instances, limit))
+        if self.missing:
+            raise InputError(self.missing)
+        if error is not None:
+            raise InputError(self._error(error, out["at"], instances, limit))
+        head = head_text(self._header(units, out["nchannels"], proto, min_bytes, max_bytes,
+                                      name), self._comment(instances))
+        return Lowering(f"{head}\n{out['text']}</algo>\n", out["epochs"], self.base_channels,
+                        out["fused"], out["max_steps"])
 
-        def new_tb(g: int, send: int, recv: int, ch: int) -> None:
-            tbs[g].append(_TbPlan(send, recv, ch))
-            ref = (g, len(tbs[g]) - 1)
-            if send >= 0:
-                tb_of[(g, ch, "S", send)] = ref
-            if recv >= 0:
-                tb_of[(g, ch, "R", recv)] = ref
-
-        for (g, ch, q, p), _w in sorted(weight.items(), key=lambda kv: (-kv[1], kv[0])):
-            if (g, ch, "S", p) not in tb_of and (g, ch, "R", q) not in tb_of:
-                new_tb(g, p, q, ch)
-        for (g, ch), peers in sorted(sends.items()):
-            for p in sorted(peers):
-                if (g, ch, "S", p) not in tb_of:
-                    new_tb(g, p, -1, ch)
-        for (g, ch), peers in sorted(recvs.items()):
-            for q in sorted(peers):
-                if (g, ch, "R", q) not in tb_of:
-                    new_tb(g, -1, q, ch)
-        # Events into their threadblocks in L order; a rank's own-data copies go first.
-        where: list[tuple[int, int]] = [(0, 0)] * (2 * T)
-        for g, copies in self.copies.items():
-            new_tb(g, -1, -1, 0)
-            local = tbs[g][-1]
-            local.ops.extend(_Op("cpy", -1, ("i", i), ("o", o), [], ()) for i, o in copies)
-        for e in self.L.tolist():
-            if e < T:
-                ref = tb_of[(src[e], chan[e], "S", dst[e])]
-                op = _Op("s", int(pos[e]), self.read_loc[e], self.home[e], list(self.deps[e]),
-                         (e,), count[e])
-            else:
-                x = e - T
-                ref = tb_of[(dst[x], chan[x], "R", src[x])]
-                if ops[x] == reduce:
-                    op = _Op("rrc", int(pos[e]), self.operand[x], self.home[x],
-                             list(self.deps[e]), (e,), count[x])
-                else:
-                    op = _Op("r", int(pos[e]), self.home[x], self.home[x],
-                             list(self.deps[e]), (e,), count[x])
-            tbs[ref[0]][ref[1]].ops.append(op)
-        self._fuse(tbs, chan)
-        for plans in tbs.values():
-            for t, plan in enumerate(plans):
-                for k, o in enumerate(plan.ops):
-                    for e in o.events:
-                        where[e] = (t, k)
-        return tbs, self._dependencies(tbs, where)
-
-    def _fuse(self, tbs: dict[int, list[_TbPlan]], chan: list[int]) -> None:
-        """Merge a receive with the next step of its threadblock when that sends the value,
-        unless something else waits on the receive before that send would run."""
-        T = self.T
-        pos = self.pos.tolist()
-        firsts: dict[int, list[tuple[int, int]]] = {}  # two earliest waiters, earliest first
-
-        def waits_on(target: int, waiter: int) -> None:
-            new = (pos[waiter], waiter)
-            best = firsts.get(target)
-            if best is None:
-                firsts[target] = [new]
-            elif len(best) == 1:
-                best.insert(0 if new < best[0] else 1, new)
-            elif new < best[1]:
-                best[0:2] = [new, best[0]] if new < best[0] else [best[0], new]
-
-        for e in range(2 * T):
-            for w in self.deps[e]:
-                waits_on(w, e)
-        conns: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-        for x in self.L[self.L < T].tolist():
-            conns[(int(self.src[x]), int(self.dst[x]), chan[x])].append(x)
-        for seq in conns.values():
-            for k in range(len(seq) - FIFO_CHUNKS):
-                waits_on(T + seq[k], seq[k + FIFO_CHUNKS])
-        self.fused = 0
-        for plans in tbs.values():
-            for plan in plans:
-                if plan.send < 0 or plan.recv < 0:
-                    continue
-                ops: list[_Op] = []
-                k = 0
-                while k < len(plan.ops):
-                    a = plan.ops[k]
-                    b = plan.ops[k + 1] if k + 1 < len(plan.ops) else None
-                    if b is not None and a.type in ("r", "rrc") and b.type == "s" \
-                            and a.events[0] in b.deps and self._same_chunks(a, b):
-                        r_ev, s_ev = a.events[0], b.events[0]
-                        other = next((p for p, w in firsts.get(r_ev, ()) if w != s_ev),
-                                     1 << 62)
-                        if other > pos[s_ev]:
-                            ops.append(self._fused(a, b, r_ev, s_ev))
-                            self.fused += 1
-                            k += 2
-                            continue
-                    ops.append(a)
-                    k += 1
-                plan.ops = ops
-
-    def _same_chunks(self, a: _Op, b: _Op) -> bool:
-        x, y = a.events[0] - self.T, b.events[0]
-        return bool(self.chunk[x] == self.chunk[y] and self.count[x] == self.count[y])
-
-    def _fused(self, a: _Op, b: _Op, r_ev: int, s_ev: int) -> _Op:
-        deps = [w for w in a.deps] + [w for w in b.deps if w != r_ev]
-        if a.type == "r":
-            return _Op("rcs", b.pos, a.dst, a.dst, deps, (r_ev, s_ev), a.cnt)
-        x = r_ev - self.T
-        needed = (any(e != s_ev for e in self.readers.get(r_ev, ()))
-                  or self.next_write.get(r_ev) == int(Op.REDUCE)
-                  or (r_ev in self.final_writes and self.home[x][0] == "o"))
-        return _Op("rrcs" if needed else "rrs", b.pos, a.src, a.dst, deps, (r_ev, s_ev), a.cnt)
-
-    def _dependencies(self, tbs: dict[int, list[_TbPlan]], where: list[tuple[int, int]]) -> int:
-        """Reduce each op's waits to one per other threadblock, minus those already implied;
-        returns the longest threadblock in steps (each extra dependency costs a ``nop``)."""
-        longest = 0
-        self.waits: dict[tuple[int, int], list[list[tuple[int, int]]]] = {}
-        for g, plans in tbs.items():
-            for t, plan in enumerate(plans):
-                seen: dict[int, int] = {}
-                per_op: list[list[tuple[int, int]]] = []
-                steps = 0
-                for op in plan.ops:
-                    need: dict[int, int] = {}
-                    for e in op.deps:
-                        tt, kk = where[e]
-                        if tt == t:
-                            continue
-                        if kk > need.get(tt, -1):
-                            need[tt] = kk
-                    keep = [(tt, kk) for tt, kk in sorted(need.items()) if seen.get(tt, -1) < kk]
-                    for tt, kk in keep:
-                        seen[tt] = kk
-                    per_op.append(keep)
-                    steps += max(0, len(keep) - 1) + _pieces(op.cnt)
-                self.waits[(g, t)] = per_op
-                longest = max(longest, steps)
-        return longest
-
-    # ---- output ----------------------------------------------------------------------------
-    def emit(self, tbs: dict[int, list[_TbPlan]], instances: int, proto: str, min_bytes: int,
-             max_bytes: int | None, name: str | None) -> Algo:
-        I = instances  # noqa: E741
-        L0 = chunk_units(self.coll, self.n, self.C)
-        units = layout.Units(self.coll, self.n, L0 * I)
-        gpus: list[Gpu] = []
-        nchannels = 1
-        limit_tbs = MAX_TBS[self.dialect]
-        for g in range(self.n):
-            plans = tbs.get(g, [])
-            # step index of each op's real step, after its nops
-            s_of: list[list[int]] = []
-            for t, plan in enumerate(plans):
-                idx, cur = [], 0
-                for keep, op in zip(self.waits[(g, t)], plan.ops, strict=True):
-                    cur += max(0, len(keep) - 1) + _pieces(op.cnt)
-                    idx.append(cur - 1)  # others wait for the op's last piece
-                s_of.append(idx)
-            hasdep: set[tuple[int, int]] = set()
-            for t in range(len(plans)):
-                for keep in self.waits[(g, t)]:
-                    hasdep.update(keep)
-            gpu = Gpu(g, units.in_units, units.out_units, self.scratch[g] * I)
-            for t, plan in enumerate(plans):
-                base_steps: list[Step] = []
-                for k, op in enumerate(plan.ops):
-                    keep = self.waits[(g, t)][k]
-                    for tt, kk in keep[:-1]:
-                        base_steps.append(Step(len(base_steps), "nop", "i", -1, "o", -1, 0,
-                                               tt, s_of[tt][kk], 0))
-                    dep, deps = (keep[-1][0], s_of[keep[-1][0]][keep[-1][1]]) if keep else (-1, -1)
-                    dst = op.dst
-                    if op.type == "s" and dst[0] == "s" and dst[1] >= self.scratch[g]:
-                        # The runtime ignores where a send's data lands; name the receiver's
-                        # slot only where this rank's parser accepts the offset.
-                        dst = ("s", -1)
-                    for j in range(_pieces(op.cnt)):
-                        done = j * MAX_CNT
-                        last = j == _pieces(op.cnt) - 1
-                        base_steps.append(Step(
-                            len(base_steps), op.type, op.src[0], _moved(op.src[1], done),
-                            dst[0], _moved(dst[1], done), min(MAX_CNT, op.cnt - done),
-                            dep if j == 0 else -1, deps if j == 0 else -1,
-                            int(last and (t, k) in hasdep)))
-                for u in range(I):
-                    tb = Tb(t * I + u, plan.send, plan.recv, plan.chan * I + u)
-                    nchannels = max(nchannels, tb.chan + 1)
-                    gpu.tbs.append(tb)
-                    if I == 1:
-                        tb.steps = base_steps
-                        continue
-                    for st in base_steps:
-                        tb.steps.append(Step(
-                            st.s, st.type, st.srcbuf, _inst(st.srcoff, I, u), st.dstbuf,
-                            _inst(st.dstoff, I, u), st.cnt,
-                            st.depid * I + u if st.depid >= 0 else -1, st.deps, st.hasdep))
-            if len(gpu.tbs) > limit_tbs:
-                raise InputError(f"tenant {self.tenant}: rank {g} needs {len(gpu.tbs)} "
-                                 f"threadblocks; the {self.dialect} runtime allows {limit_tbs}")
-            nodes = 2 + len(gpu.tbs) + sum(len(tb.steps) for tb in gpu.tbs)
-            if self.dialect == "executor" and nodes > MAX_NODES:
-                raise InputError(f"tenant {self.tenant}: rank {g} needs {nodes} XML nodes; the "
-                                 f"executor's parser stores {MAX_NODES}; use fewer chunks or "
-                                 "instances")
-            gpus.append(gpu)
-        if nchannels > MAX_CHANNELS:
-            raise InputError(f"tenant {self.tenant}: needs {nchannels} channels (> "
-                             f"{MAX_CHANNELS}); use fewer instances")
-        return Algo(self._header(units, nchannels, proto, min_bytes, max_bytes, name), gpus,
-                    comment=self._comment(I))
+    def _error(self, kind: str, at: list[int], instances: int, limit: int) -> str:
+        t = self.tenant
+        if kind == "not_held":
+            x, g, a = at
+            return (f"{self._name(x)}: rank {g} sends chunk {int(self.atom_lo[a])} before it "
+                    "holds it")
+        if kind == "split":
+            a, g = at
+            lo, size = int(self.atom_lo[a]), int(self.atom_size[a])
+            return (f"tenant {t}: chunks {lo}..{lo + size - 1} are not contiguous in rank {g}'s "
+                    "buffers; split the range")
+        if kind == "scattered":
+            return (f"{self._name(at[0])}: its chunks lie in different places on one rank; a "
+                    "range must be contiguous in one buffer")
+        if kind == "channels":
+            return (f"tenant {t}: the {self.dialect} runtime allows {limit} steps per "
+                    f"threadblock; this schedule would need {at[0]} channels (> {MAX_CHANNELS}) "
+                    "to spill them; use fewer chunks or instances")
+        if kind == "threadblocks":
+            return (f"tenant {t}: rank {at[0]} needs {at[1]} threadblocks; the {self.dialect} "
+                    f"runtime allows {MAX_TBS[self.dialect]}")
+        if kind == "nodes":
+            return (f"tenant {t}: rank {at[0]} needs {at[1]} XML nodes; the executor's parser "
+                    f"stores {MAX_NODES}; use fewer chunks or instances")
+        return f"tenant {t}: needs {at[0]} channels (> {MAX_CHANNELS}); use fewer instances"
 
     def _header(self, units: layout.Units, nchannels: int, proto: str, min_bytes: int,
                 max_bytes: int | None, name: str | None) -> dict[str, str]:
@@ -640,23 +369,3 @@ class _Program:
                 f"ranks={self.n} chunks={self.C} instances={instances} root={self.root}"
                 + (f" tenant={d.name}" if d.name and "--" not in d.name and " " not in d.name
                    else ""))
-
-
-def _per_transfer(transfer: np.ndarray, atom: np.ndarray, T: int) -> list[list[int]]:
-    """The atoms of each transfer, from (transfer, atom) pairs sorted by transfer."""
-    cut = np.searchsorted(transfer, np.arange(T + 1)).tolist()
-    atoms = atom.tolist()
-    return [atoms[cut[x]:cut[x + 1]] for x in range(T)]
-
-
-def _pieces(cnt: int) -> int:
-    """Steps one op of ``cnt`` chunks needs (the parser takes at most MAX_CNT per step)."""
-    return -(-cnt // MAX_CNT)
-
-
-def _moved(off: int, by: int) -> int:
-    return off + by if off >= 0 else off
-
-
-def _inst(off: int, instances: int, u: int) -> int:
-    return off * instances + u if off >= 0 else off

@@ -93,8 +93,7 @@ def to_text(algo: Algo) -> str:
     Written directly rather than through ElementTree: files for 64+ GPUs hold tens of
     thousands of steps and a string template is several times faster.
     """
-    out = [f"<!-- {algo.comment} -->"] if algo.comment else []
-    out.append("<algo " + " ".join(f"{k}={quoteattr(v)}" for k, v in algo.attrs.items()) + ">")
+    out = [head_text(algo.attrs, algo.comment)]
     for g in algo.gpus:
         out.append(f'  <gpu id="{g.id}" i_chunks="{g.i_chunks}" o_chunks="{g.o_chunks}" '
                    f's_chunks="{g.s_chunks}">')
@@ -110,3 +109,9 @@ def to_text(algo: Algo) -> str:
         out.append("  </gpu>")
     out.append("</algo>")
     return "\n".join(out) + "\n"
+
+
+def head_text(attrs: dict[str, str], comment: str = "") -> str:
+    """The optional leading comment and the ``<algo>`` start tag (no trailing newline)."""
+    tag = "<algo " + " ".join(f"{k}={quoteattr(v)}" for k, v in attrs.items()) + ">"
+    return f"<!-- {comment} -->\n{tag}" if comment else tag

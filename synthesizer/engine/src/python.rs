@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::greedy::{synthesize_best, Options, Problem};
+use crate::lowering::{self, LowerError};
 
 fn vec<T: numpy::Element + Copy>(a: &PyReadonlyArray1<T>) -> Vec<T> {
     a.as_array().to_vec()
@@ -79,9 +80,106 @@ fn greedy<'py>(
     Ok(out)
 }
 
+/// The MSCCL lowering of one tenant (see `lowering.rs`): a dict with the `<gpu>` elements as
+/// `text` and the plan's facts, or with `error` (its kind) and `at` (up to three indices).
+#[pyfunction]
+#[pyo3(signature = (
+    n, src, dst, reduce, count, chunk, order, pos, base, base_channels,
+    reads_ptr, reads_atom, writes_ptr, writes_atom, atom_size, atom_in, atom_out, combining,
+    copy_rank, copy_in, copy_out, first_epochs, instances, max_steps, max_channels, max_tbs,
+    max_nodes, fifo_chunks, max_cnt, in_units, out_units
+))]
+#[allow(clippy::too_many_arguments)]
+fn lower_tenant<'py>(
+    py: Python<'py>,
+    n: usize,
+    src: PyReadonlyArray1<'py, i64>,
+    dst: PyReadonlyArray1<'py, i64>,
+    reduce: PyReadonlyArray1<'py, bool>,
+    count: PyReadonlyArray1<'py, i64>,
+    chunk: PyReadonlyArray1<'py, i64>,
+    order: PyReadonlyArray1<'py, i64>,
+    pos: PyReadonlyArray1<'py, i64>,
+    base: PyReadonlyArray1<'py, i64>,
+    base_channels: i64,
+    reads_ptr: PyReadonlyArray1<'py, i64>,
+    reads_atom: PyReadonlyArray1<'py, i64>,
+    writes_ptr: PyReadonlyArray1<'py, i64>,
+    writes_atom: PyReadonlyArray1<'py, i64>,
+    atom_size: PyReadonlyArray1<'py, i64>,
+    atom_in: PyReadonlyArray1<'py, i64>,
+    atom_out: PyReadonlyArray1<'py, i64>,
+    combining: bool,
+    copy_rank: PyReadonlyArray1<'py, i64>,
+    copy_in: PyReadonlyArray1<'py, i64>,
+    copy_out: PyReadonlyArray1<'py, i64>,
+    first_epochs: i64,
+    instances: i64,
+    max_steps: i64,
+    max_channels: i64,
+    max_tbs: usize,
+    max_nodes: usize,
+    fifo_chunks: usize,
+    max_cnt: i64,
+    in_units: i64,
+    out_units: i64,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (src, dst, reduce, count, chunk) = (vec(&src), vec(&dst), vec(&reduce), vec(&count), vec(&chunk));
+    let (order, pos, base) = (vec(&order), vec(&pos), vec(&base));
+    let (reads_ptr, reads_atom) = (vec(&reads_ptr), vec(&reads_atom));
+    let (writes_ptr, writes_atom) = (vec(&writes_ptr), vec(&writes_atom));
+    let (atom_size, atom_in, atom_out) = (vec(&atom_size), vec(&atom_in), vec(&atom_out));
+    let copies: Vec<(i64, i64, i64)> = copy_rank
+        .as_array()
+        .iter()
+        .zip(copy_in.as_array().iter())
+        .zip(copy_out.as_array().iter())
+        .map(|((&g, &i), &o)| (g, i, o))
+        .collect();
+    if src.len() != dst.len() || reads_ptr.len() != src.len() + 1 || writes_ptr.len() != src.len() + 1
+        || order.len() != 2 * src.len()
+    {
+        return Err(PyValueError::new_err("lower_tenant: inconsistent column lengths"));
+    }
+    let input = lowering::Input {
+        n, src: &src, dst: &dst, reduce: &reduce, count: &count, chunk: &chunk, order: &order,
+        pos: &pos, base: &base, base_channels, reads_ptr: &reads_ptr, reads_atom: &reads_atom,
+        writes_ptr: &writes_ptr, writes_atom: &writes_atom, atom_size: &atom_size,
+        atom_in: &atom_in, atom_out: &atom_out, combining, copies: &copies, first_epochs,
+        instances, max_steps, max_channels, max_tbs, max_nodes, fifo_chunks, max_cnt, in_units,
+        out_units,
+    };
+    let result = py.detach(|| lowering::lower(&input));
+    let out = PyDict::new(py);
+    match result {
+        Ok(o) => {
+            out.set_item("text", o.text)?;
+            out.set_item("epochs", o.epochs)?;
+            out.set_item("fused", o.fused)?;
+            out.set_item("max_steps", o.max_steps)?;
+            out.set_item("nchannels", o.nchannels)?;
+        }
+        Err(e) => {
+            let (kind, at): (&str, Vec<i64>) = match e {
+                LowerError::NotHeld(x, g, a) => ("not_held", vec![x as i64, g, a as i64]),
+                LowerError::Split(a, g) => ("split", vec![a as i64, g]),
+                LowerError::Scattered(x) => ("scattered", vec![x as i64]),
+                LowerError::Channels(c) => ("channels", vec![c]),
+                LowerError::Threadblocks(g, k) => ("threadblocks", vec![g, k as i64]),
+                LowerError::Nodes(g, k) => ("nodes", vec![g, k as i64]),
+                LowerError::TooManyChannels(c) => ("too_many_channels", vec![c]),
+            };
+            out.set_item("error", kind)?;
+            out.set_item("at", at)?;
+        }
+    }
+    Ok(out)
+}
+
 #[pymodule]
 fn choreo_engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(greedy, m)?)?;
+    m.add_function(wrap_pyfunction!(lower_tenant, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

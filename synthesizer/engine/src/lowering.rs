@@ -1,0 +1,742 @@
+//! The MSCCL lowering's per-event passes (see `choreo/msccl/lower.py` for the design): data
+//! hazards in the global event order, threadblocks per channel plan, fusion of a receive with
+//! the send of the same value, dependencies reduced to one per threadblock, and the `<gpu>`
+//! elements as text. Python prepares the arrays (event order, atoms and their buffer offsets,
+//! channels, own-data copies) and turns errors into messages.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// A buffer location: buffer (`i`, `o` or `s`) and offset in chunk units (-1: unnamed).
+type Loc = (u8, i64);
+
+/// Atom offset markers Python uses: not in that buffer, and a range split in that buffer.
+pub const ABSENT: i64 = -1;
+pub const SPLIT: i64 = -2;
+
+pub struct Input<'a> {
+    pub n: usize,
+    pub src: &'a [i64],
+    pub dst: &'a [i64],
+    pub reduce: &'a [bool],
+    pub count: &'a [i64],
+    pub chunk: &'a [i64],
+    /// Event ids (sends `0..T`, receives `T..2T`) in the global order L, and each one's place.
+    pub order: &'a [i64],
+    pub pos: &'a [i64],
+    pub base: &'a [i64],
+    pub base_channels: i64,
+    pub reads_ptr: &'a [i64],
+    pub reads_atom: &'a [i64],
+    pub writes_ptr: &'a [i64],
+    pub writes_atom: &'a [i64],
+    pub atom_size: &'a [i64],
+    /// Per atom, where its chunks start in its node's input / output (or ABSENT / SPLIT).
+    pub atom_in: &'a [i64],
+    pub atom_out: &'a [i64],
+    pub combining: bool,
+    /// Own-data copies (rank, input offset, output offset), in the order they are emitted.
+    pub copies: &'a [(i64, i64, i64)],
+    pub first_epochs: i64,
+    pub instances: i64,
+    pub max_steps: i64,
+    pub max_channels: i64,
+    pub max_tbs: usize,
+    pub max_nodes: usize, // 0: no limit
+    pub fifo_chunks: usize,
+    pub max_cnt: i64,
+    pub in_units: i64,
+    pub out_units: i64,
+}
+
+/// Why a schedule cannot be lowered; Python words the message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LowerError {
+    /// (transfer, rank, atom): a rank sends data it does not hold yet.
+    NotHeld(usize, i64, usize),
+    /// (atom, rank): a range's chunks are not contiguous in the rank's buffer.
+    Split(usize, i64),
+    /// transfer: its atoms lie in different places on one rank.
+    Scattered(usize),
+    /// channels needed to spill the steps
+    Channels(i64),
+    /// (rank, threadblocks)
+    Threadblocks(i64, usize),
+    /// (rank, XML nodes)
+    Nodes(i64, usize),
+    /// channels used after instances
+    TooManyChannels(i64),
+}
+
+pub struct Output {
+    pub text: String,
+    pub epochs: i64,
+    pub fused: usize,
+    pub max_steps: i64,
+    pub nchannels: i64,
+}
+
+#[derive(Clone)]
+struct Op {
+    kind: &'static str,
+    src: Loc,
+    dst: Loc,
+    deps: Vec<usize>,
+    events: (usize, usize), // usize::MAX: none
+    cnt: i64,
+}
+
+struct TbPlan {
+    send: i64,
+    recv: i64,
+    chan: i64,
+    ops: Vec<Op>,
+}
+
+const NONE: usize = usize::MAX;
+
+struct Hazards {
+    deps: Vec<Vec<usize>>,
+    read_loc: Vec<Loc>,
+    home: Vec<Loc>,
+    operand: Vec<Loc>,
+    readers: Vec<Vec<usize>>, // per transfer: sends that read what its receive wrote
+    next_reduce: Vec<bool>,   // per transfer: a later write to its atoms reduces
+    final_write: Vec<bool>,   // per transfer: its receive is an atom's last write
+    scratch: Vec<i64>,
+}
+
+fn buf(c: u8) -> char {
+    c as char
+}
+
+fn joined(x: usize, locs: &[Loc], atoms: &[i64], size: &[i64]) -> Result<Loc, LowerError> {
+    let first = locs[0];
+    if locs.len() == 1 {
+        return Ok(first);
+    }
+    let (b0, mut off) = first;
+    for (&(b, o), &a) in locs.iter().zip(atoms) {
+        if b != b0 || o != off {
+            return Err(LowerError::Scattered(x));
+        }
+        off += size[a as usize];
+    }
+    Ok(first)
+}
+
+fn hazards(inp: &Input) -> Result<Hazards, LowerError> {
+    let t = inp.src.len();
+    let atoms = inp.atom_size.len();
+    let mut h = Hazards {
+        deps: vec![Vec::new(); 2 * t],
+        read_loc: vec![(b'i', -1); t],
+        home: vec![(b'o', -1); t],
+        operand: vec![(b'i', -1); t],
+        readers: vec![Vec::new(); t],
+        next_reduce: vec![false; t],
+        final_write: vec![false; t],
+        scratch: vec![0; inp.n],
+    };
+    let mut homes: Vec<Option<Loc>> = vec![None; atoms];
+    let mut last: Vec<usize> = vec![NONE; atoms];
+    let mut reads: Vec<Vec<usize>> = vec![Vec::new(); atoms];
+    let initial = |x: usize, g: i64, a: usize| -> Result<Loc, LowerError> {
+        match inp.atom_in[a] {
+            ABSENT => Err(LowerError::NotHeld(x, g, a)),
+            SPLIT => Err(LowerError::Split(a, g)),
+            idx => Ok((b'i', idx)),
+        }
+    };
+    let mut locs: Vec<Loc> = Vec::new();
+    for &e in inp.order {
+        let e = e as usize;
+        if e < t {
+            let g = inp.src[e];
+            let mine = &inp.reads_atom[inp.reads_ptr[e] as usize..inp.reads_ptr[e + 1] as usize];
+            locs.clear();
+            for &a in mine {
+                let a = a as usize;
+                let w = last[a];
+                if w == NONE {
+                    locs.push(initial(e, g, a)?);
+                } else {
+                    locs.push(homes[a].expect("a written atom has a home"));
+                    if !h.deps[e].contains(&w) {
+                        h.deps[e].push(w);
+                        h.readers[w - t].push(e);
+                    }
+                }
+                reads[a].push(e);
+            }
+            h.read_loc[e] = joined(e, &locs, mine, inp.atom_size)?;
+            continue;
+        }
+        let x = e - t;
+        let g = inp.dst[x];
+        let mine = &inp.writes_atom[inp.writes_ptr[x] as usize..inp.writes_ptr[x + 1] as usize];
+        locs.clear();
+        for &a in mine {
+            let a = a as usize;
+            if homes[a].is_none() {
+                homes[a] = Some(match inp.atom_out[a] {
+                    SPLIT => return Err(LowerError::Split(a, g)),
+                    ABSENT => {
+                        let at = h.scratch[g as usize];
+                        h.scratch[g as usize] += inp.atom_size[a];
+                        (b's', at)
+                    }
+                    out => (b'o', out),
+                });
+            }
+            locs.push(homes[a].unwrap());
+        }
+        h.home[x] = joined(x, &locs, mine, inp.atom_size)?;
+        if inp.reduce[x] {
+            locs.clear();
+            for &a in mine {
+                let a = a as usize;
+                locs.push(if last[a] == NONE { initial(x, g, a)? } else { homes[a].unwrap() });
+            }
+            h.operand[x] = joined(x, &locs, mine, inp.atom_size)?;
+        }
+        let mut waits: Vec<usize> = Vec::new();
+        for &a in mine {
+            let a = a as usize;
+            let w = last[a];
+            if w != NONE {
+                if inp.combining {
+                    waits.push(w);
+                }
+                h.next_reduce[w - t] |= inp.reduce[x];
+            }
+            if inp.combining {
+                waits.append(&mut reads[a]);
+            }
+            reads[a].clear();
+            last[a] = e;
+        }
+        let deps = &mut h.deps[e];
+        for w in waits {
+            if !deps.contains(&w) {
+                deps.push(w);
+            }
+        }
+    }
+    for w in last.into_iter().filter(|&w| w != NONE) {
+        h.final_write[w - t] = true;
+    }
+    Ok(h)
+}
+
+fn pieces(cnt: i64, max_cnt: i64) -> i64 {
+    (cnt + max_cnt - 1) / max_cnt
+}
+
+/// Per op of a threadblock, the (threadblock, op) it waits for.
+type Waits = Vec<Vec<(usize, usize)>>;
+
+struct Plan {
+    tbs: Vec<Vec<TbPlan>>,
+    waits: Vec<Vec<Waits>>, // per rank, per threadblock
+    fused: usize,
+    max_steps: i64,
+}
+
+/// (rank, channel, 'S'end or 'R'eceive, peer) -> the rank's threadblock for that connection.
+type TbIndex = HashMap<(i64, i64, u8, i64), usize>;
+
+fn new_tb(tbs: &mut [Vec<TbPlan>], tb_of: &mut TbIndex, g: i64, send: i64, recv: i64, ch: i64) {
+    let list = &mut tbs[g as usize];
+    list.push(TbPlan { send, recv, chan: ch, ops: Vec::new() });
+    let idx = list.len() - 1;
+    if send >= 0 {
+        tb_of.insert((g, ch, b'S', send), idx);
+    }
+    if recv >= 0 {
+        tb_of.insert((g, ch, b'R', recv), idx);
+    }
+}
+
+fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
+    let t = inp.src.len();
+    let two_t = 2 * t as i64;
+    let chan: Vec<i64> = (0..t)
+        .map(|x| {
+            let epoch = (epochs - 1).min(inp.pos[x] * epochs / two_t);
+            epoch * inp.base_channels + inp.base[x]
+        })
+        .collect();
+    let (src, dst) = (inp.src, inp.dst);
+    // Pair each rank's receive peer with the send peer it forwards most to, per channel.
+    let mut weight: HashMap<(i64, i64, i64, i64), i64> = HashMap::new();
+    let mut sends: Vec<(i64, i64, i64)> = Vec::with_capacity(t);
+    let mut recvs: Vec<(i64, i64, i64)> = Vec::with_capacity(t);
+    for y in 0..t {
+        sends.push((src[y], chan[y], dst[y]));
+        recvs.push((dst[y], chan[y], src[y]));
+        for &w in &h.deps[y] {
+            let x = w - t;
+            if chan[x] == chan[y] {
+                *weight.entry((src[y], chan[y], src[x], dst[y])).or_insert(0) += 1;
+            }
+        }
+    }
+    let mut tbs: Vec<Vec<TbPlan>> = (0..inp.n).map(|_| Vec::new()).collect();
+    let mut tb_of: TbIndex = HashMap::new();
+    let mut ranked: Vec<((i64, i64, i64, i64), i64)> = weight.into_iter().collect();
+    ranked.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    for ((g, ch, q, p), _) in ranked {
+        if !tb_of.contains_key(&(g, ch, b'S', p)) && !tb_of.contains_key(&(g, ch, b'R', q)) {
+            new_tb(&mut tbs, &mut tb_of, g, p, q, ch);
+        }
+    }
+    sends.sort_unstable();
+    sends.dedup();
+    for (g, ch, p) in sends {
+        if !tb_of.contains_key(&(g, ch, b'S', p)) {
+            new_tb(&mut tbs, &mut tb_of, g, p, -1, ch);
+        }
+    }
+    recvs.sort_unstable();
+    recvs.dedup();
+    for (g, ch, q) in recvs {
+        if !tb_of.contains_key(&(g, ch, b'R', q)) {
+            new_tb(&mut tbs, &mut tb_of, g, -1, q, ch);
+        }
+    }
+    // A rank's own-data copies: one threadblock of its own, after the others.
+    let mut local: HashMap<i64, usize> = HashMap::new();
+    for &(g, i, o) in inp.copies {
+        let idx = *local.entry(g).or_insert_with(|| {
+            tbs[g as usize].push(TbPlan { send: -1, recv: -1, chan: 0, ops: Vec::new() });
+            tbs[g as usize].len() - 1
+        });
+        tbs[g as usize][idx].ops.push(Op {
+            kind: "cpy",
+            src: (b'i', i),
+            dst: (b'o', o),
+            deps: Vec::new(),
+            events: (NONE, NONE),
+            cnt: 1,
+        });
+    }
+    // Events into their threadblocks in L order.
+    for &e in inp.order {
+        let e = e as usize;
+        let (g, idx, op) = if e < t {
+            let idx = tb_of[&(src[e], chan[e], b'S', dst[e])];
+            let op = Op {
+                kind: "s",
+                src: h.read_loc[e],
+                dst: h.home[e],
+                deps: h.deps[e].clone(),
+                events: (e, NONE),
+                cnt: inp.count[e],
+            };
+            (src[e], idx, op)
+        } else {
+            let x = e - t;
+            let idx = tb_of[&(dst[x], chan[x], b'R', src[x])];
+            let (kind, from) = if inp.reduce[x] { ("rrc", h.operand[x]) } else { ("r", h.home[x]) };
+            let op = Op {
+                kind,
+                src: from,
+                dst: h.home[x],
+                deps: h.deps[e].clone(),
+                events: (e, NONE),
+                cnt: inp.count[x],
+            };
+            (dst[x], idx, op)
+        };
+        tbs[g as usize][idx].ops.push(op);
+    }
+    let fused = fuse(inp, h, &mut tbs, &chan);
+    let mut where_: Vec<(usize, usize)> = vec![(0, 0); 2 * t];
+    for plans in &tbs {
+        for (ti, plan) in plans.iter().enumerate() {
+            for (k, o) in plan.ops.iter().enumerate() {
+                for e in [o.events.0, o.events.1] {
+                    if e != NONE {
+                        where_[e] = (ti, k);
+                    }
+                }
+            }
+        }
+    }
+    let (waits, max_steps) = dependencies(inp, &tbs, &where_);
+    Plan { tbs, waits, fused, max_steps }
+}
+
+/// Merge a receive with the next step of its threadblock when that sends the value, unless
+/// something else waits on the receive before that send would run.
+fn fuse(inp: &Input, h: &Hazards, tbs: &mut [Vec<TbPlan>], chan: &[i64]) -> usize {
+    let t = inp.src.len();
+    let pos = inp.pos;
+    // the two earliest waiters of each event, as (position, waiter), earliest first
+    let mut firsts: Vec<[(i64, usize); 2]> = vec![[(i64::MAX, NONE); 2]; 2 * t];
+    let mut waits_on = |target: usize, waiter: usize| {
+        let new = (pos[waiter], waiter);
+        let best = &mut firsts[target];
+        if new < best[0] {
+            best[1] = best[0];
+            best[0] = new;
+        } else if new < best[1] {
+            best[1] = new;
+        }
+    };
+    for (e, deps) in h.deps.iter().enumerate() {
+        for &w in deps {
+            waits_on(w, e);
+        }
+    }
+    let mut conns: HashMap<(i64, i64, i64), Vec<usize>> = HashMap::new();
+    for &e in inp.order {
+        let x = e as usize;
+        if x < t {
+            conns.entry((inp.src[x], inp.dst[x], chan[x])).or_default().push(x);
+        }
+    }
+    for seq in conns.values() {
+        for k in 0..seq.len().saturating_sub(inp.fifo_chunks) {
+            waits_on(t + seq[k], seq[k + inp.fifo_chunks]);
+        }
+    }
+    let mut fused = 0;
+    for plans in tbs.iter_mut() {
+        for plan in plans.iter_mut() {
+            if plan.send < 0 || plan.recv < 0 {
+                continue;
+            }
+            let old = std::mem::take(&mut plan.ops);
+            let mut ops = Vec::with_capacity(old.len());
+            let mut k = 0;
+            while k < old.len() {
+                let a = &old[k];
+                if let Some(b) = old.get(k + 1) {
+                    let r_ev = a.events.0;
+                    let s_ev = b.events.0;
+                    if (a.kind == "r" || a.kind == "rrc")
+                        && b.kind == "s"
+                        && b.deps.contains(&r_ev)
+                        && inp.chunk[r_ev - t] == inp.chunk[s_ev]
+                        && inp.count[r_ev - t] == inp.count[s_ev]
+                    {
+                        let other = firsts[r_ev]
+                            .iter()
+                            .find(|&&(p, w)| w != NONE && w != s_ev && p != i64::MAX)
+                            .map_or(i64::MAX, |&(p, _)| p);
+                        if other > pos[s_ev] {
+                            ops.push(fused_op(h, a, b, r_ev, s_ev, t));
+                            fused += 1;
+                            k += 2;
+                            continue;
+                        }
+                    }
+                }
+                ops.push(a.clone());
+                k += 1;
+            }
+            plan.ops = ops;
+        }
+    }
+    fused
+}
+
+fn fused_op(h: &Hazards, a: &Op, b: &Op, r_ev: usize, s_ev: usize, t: usize) -> Op {
+    let mut deps = a.deps.clone();
+    deps.extend(b.deps.iter().copied().filter(|&w| w != r_ev));
+    let x = r_ev - t;
+    let kind = if a.kind == "r" {
+        "rcs"
+    } else if h.readers[x].iter().any(|&e| e != s_ev)
+        || h.next_reduce[x]
+        || (h.final_write[x] && h.home[x].0 == b'o')
+    {
+        "rrcs"
+    } else {
+        "rrs"
+    };
+    let src = if a.kind == "r" { a.dst } else { a.src };
+    Op { kind, src, dst: a.dst, deps, events: (r_ev, s_ev), cnt: a.cnt }
+}
+
+/// Each op's waits reduced to one per other threadblock, minus those already implied; and the
+/// longest threadblock in steps (each extra dependency costs a `nop`).
+fn dependencies(
+    inp: &Input,
+    tbs: &[Vec<TbPlan>],
+    where_: &[(usize, usize)],
+) -> (Vec<Vec<Waits>>, i64) {
+    let mut longest = 0;
+    let mut all = Vec::with_capacity(tbs.len());
+    let mut need: Vec<(usize, usize)> = Vec::new();
+    for plans in tbs {
+        let mut per_tb = Vec::with_capacity(plans.len());
+        for (ti, plan) in plans.iter().enumerate() {
+            let mut seen: HashMap<usize, usize> = HashMap::new();
+            let mut per_op: Vec<Vec<(usize, usize)>> = Vec::with_capacity(plan.ops.len());
+            let mut steps = 0;
+            for op in &plan.ops {
+                need.clear();
+                for &e in &op.deps {
+                    let (tt, kk) = where_[e];
+                    if tt == ti {
+                        continue;
+                    }
+                    match need.iter_mut().find(|(u, _)| *u == tt) {
+                        Some(slot) => slot.1 = slot.1.max(kk),
+                        None => need.push((tt, kk)),
+                    }
+                }
+                need.sort_unstable();
+                let mut keep = Vec::with_capacity(need.len());
+                for &(tt, kk) in &need {
+                    if seen.get(&tt).is_none_or(|&s| s < kk) {
+                        keep.push((tt, kk));
+                    }
+                }
+                for &(tt, kk) in &keep {
+                    seen.insert(tt, kk);
+                }
+                steps += (keep.len() as i64 - 1).max(0) + pieces(op.cnt, inp.max_cnt);
+                per_op.push(keep);
+            }
+            longest = longest.max(steps);
+            per_tb.push(per_op);
+        }
+        all.push(per_tb);
+    }
+    (all, longest)
+}
+
+fn moved(off: i64, by: i64) -> i64 {
+    if off >= 0 {
+        off + by
+    } else {
+        off
+    }
+}
+
+fn inst(off: i64, instances: i64, u: i64) -> i64 {
+    if off >= 0 {
+        off * instances + u
+    } else {
+        off
+    }
+}
+
+struct Step {
+    kind: &'static str,
+    src: Loc,
+    dst: Loc,
+    cnt: i64,
+    depid: i64,
+    deps: i64,
+    hasdep: u8,
+}
+
+fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<(String, i64), LowerError> {
+    let i_n = inp.instances;
+    let mut text = String::new();
+    let mut nchannels = 1;
+    let mut gpus = Vec::with_capacity(inp.n);
+    for g in 0..inp.n {
+        let plans = &plan.tbs[g];
+        let waits = &plan.waits[g];
+        // step index of each op's last piece, after its nops: what others wait for
+        let mut s_of: Vec<Vec<i64>> = Vec::with_capacity(plans.len());
+        let mut hasdep: std::collections::HashSet<(usize, usize)> = Default::default();
+        for (ti, p) in plans.iter().enumerate() {
+            let mut cur = 0;
+            let mut idx = Vec::with_capacity(p.ops.len());
+            for (keep, op) in waits[ti].iter().zip(&p.ops) {
+                cur += (keep.len() as i64 - 1).max(0) + pieces(op.cnt, inp.max_cnt);
+                idx.push(cur - 1);
+                hasdep.extend(keep.iter().copied());
+            }
+            s_of.push(idx);
+        }
+        let mut body = String::new();
+        let mut tb_count = 0;
+        let mut step_count = 0;
+        for (ti, p) in plans.iter().enumerate() {
+            let mut steps: Vec<Step> = Vec::new();
+            for (k, op) in p.ops.iter().enumerate() {
+                let keep = &waits[ti][k];
+                for &(tt, kk) in keep.iter().take(keep.len().saturating_sub(1)) {
+                    steps.push(Step {
+                        kind: "nop",
+                        src: (b'i', -1),
+                        dst: (b'o', -1),
+                        cnt: 0,
+                        depid: tt as i64,
+                        deps: s_of[tt][kk],
+                        hasdep: 0,
+                    });
+                }
+                let (dep, deps) = match keep.last() {
+                    Some(&(tt, kk)) => (tt as i64, s_of[tt][kk]),
+                    None => (-1, -1),
+                };
+                let mut dst = op.dst;
+                if op.kind == "s" && dst.0 == b's' && dst.1 >= h.scratch[g] {
+                    // The runtime ignores where a send's data lands; name the receiver's slot
+                    // only where this rank's parser accepts the offset.
+                    dst = (b's', -1);
+                }
+                let n = pieces(op.cnt, inp.max_cnt);
+                for j in 0..n {
+                    let done = j * inp.max_cnt;
+                    let last = j == n - 1;
+                    steps.push(Step {
+                        kind: op.kind,
+                        src: (op.src.0, moved(op.src.1, done)),
+                        dst: (dst.0, moved(dst.1, done)),
+                        cnt: inp.max_cnt.min(op.cnt - done),
+                        depid: if j == 0 { dep } else { -1 },
+                        deps: if j == 0 { deps } else { -1 },
+                        hasdep: u8::from(last && hasdep.contains(&(ti, k))),
+                    });
+                }
+            }
+            for u in 0..i_n {
+                let chan = p.chan * i_n + u;
+                nchannels = nchannels.max(chan + 1);
+                tb_count += 1;
+                step_count += steps.len();
+                let _ = write!(
+                    body,
+                    "\n    <tb id=\"{}\" send=\"{}\" recv=\"{}\" chan=\"{}\">",
+                    ti as i64 * i_n + u,
+                    p.send,
+                    p.recv,
+                    chan
+                );
+                for (s, st) in steps.iter().enumerate() {
+                    let depid = if st.depid >= 0 { st.depid * i_n + u } else { -1 };
+                    let _ = write!(
+                        body,
+                        "\n      <step s=\"{}\" type=\"{}\" srcbuf=\"{}\" srcoff=\"{}\" dstbuf=\"{}\" \
+                         dstoff=\"{}\" cnt=\"{}\" depid=\"{}\" deps=\"{}\" hasdep=\"{}\"/>",
+                        s,
+                        st.kind,
+                        buf(st.src.0),
+                        inst(st.src.1, i_n, u),
+                        buf(st.dst.0),
+                        inst(st.dst.1, i_n, u),
+                        st.cnt,
+                        depid,
+                        st.deps,
+                        st.hasdep
+                    );
+                }
+                body.push_str("\n    </tb>");
+            }
+        }
+        if tb_count > inp.max_tbs {
+            return Err(LowerError::Threadblocks(g as i64, tb_count));
+        }
+        let nodes = 2 + tb_count + step_count;
+        if inp.max_nodes > 0 && nodes > inp.max_nodes {
+            return Err(LowerError::Nodes(g as i64, nodes));
+        }
+        gpus.push((g, body));
+    }
+    if nchannels > inp.max_channels {
+        return Err(LowerError::TooManyChannels(nchannels));
+    }
+    for (g, body) in gpus {
+        let _ = write!(
+            text,
+            "  <gpu id=\"{}\" i_chunks=\"{}\" o_chunks=\"{}\" s_chunks=\"{}\">{}\n  </gpu>\n",
+            g,
+            inp.in_units,
+            inp.out_units,
+            h.scratch[g] * i_n,
+            body
+        );
+    }
+    Ok((text, nchannels))
+}
+
+/// Lower one tenant: the `<gpu>` elements (each line ended by a newline) and the plan's facts.
+pub fn lower(inp: &Input) -> Result<Output, LowerError> {
+    let h = hazards(inp)?;
+    let mut epochs = inp.first_epochs;
+    let plan = loop {
+        if epochs > 1 && epochs * inp.base_channels * inp.instances > inp.max_channels {
+            return Err(LowerError::Channels(epochs * inp.base_channels * inp.instances));
+        }
+        let plan = assemble(inp, &h, epochs);
+        if plan.max_steps <= inp.max_steps {
+            break plan;
+        }
+        let grown = (epochs as f64 * plan.max_steps as f64 / (0.8 * inp.max_steps as f64)).ceil();
+        epochs = (epochs + 1).max(grown as i64);
+    };
+    let (text, nchannels) = emit(inp, &h, &plan)?;
+    Ok(Output { text, epochs, fused: plan.fused, max_steps: plan.max_steps, nchannels })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two ranks swap their chunk (an AllGather): send 0 (0 -> 1, chunk 0), send 1 (1 -> 0,
+    /// chunk 1), both at once. Atoms: chunk 0 at 0 and 1, chunk 1 at 0 and 1.
+    fn swap(atom_in: &[i64]) -> Result<Output, LowerError> {
+        let input = Input {
+            n: 2,
+            src: &[0, 1],
+            dst: &[1, 0],
+            reduce: &[false, false],
+            count: &[1, 1],
+            chunk: &[0, 1],
+            order: &[0, 1, 2, 3],
+            pos: &[0, 1, 2, 3],
+            base: &[0, 0],
+            base_channels: 1,
+            reads_ptr: &[0, 1, 2],
+            reads_atom: &[0, 3],
+            writes_ptr: &[0, 1, 2],
+            writes_atom: &[1, 2],
+            atom_size: &[1, 1, 1, 1],
+            atom_in,
+            atom_out: &[0, 0, 1, 1],
+            combining: false,
+            copies: &[(0, 0, 0), (1, 0, 1)],
+            first_epochs: 1,
+            instances: 1,
+            max_steps: 64,
+            max_channels: 32,
+            max_tbs: 1024,
+            max_nodes: 4096,
+            fifo_chunks: 2,
+            max_cnt: 71,
+            in_units: 1,
+            out_units: 2,
+        };
+        lower(&input)
+    }
+
+    #[test]
+    fn each_rank_sends_its_chunk_and_receives_the_other() {
+        let out = swap(&[0, ABSENT, ABSENT, 0]).expect("lowers");
+        assert_eq!(out.epochs, 1);
+        assert_eq!(out.nchannels, 1);
+        assert_eq!(out.text.matches("<gpu ").count(), 2);
+        assert!(out.text.contains(
+            "<step s=\"0\" type=\"s\" srcbuf=\"i\" srcoff=\"0\" dstbuf=\"o\" dstoff=\"0\" cnt=\"1\""
+        ));
+        assert!(out.text.contains("type=\"r\" srcbuf=\"o\" srcoff=\"1\" dstbuf=\"o\" dstoff=\"1\""));
+        assert_eq!(out.text.matches("type=\"cpy\"").count(), 2);
+        assert!(out.text.ends_with("  </gpu>\n"));
+    }
+
+    #[test]
+    fn a_chunk_sent_before_it_is_held_is_named() {
+        assert_eq!(swap(&[ABSENT, ABSENT, ABSENT, 0]).err(), Some(LowerError::NotHeld(0, 0, 0)));
+        assert_eq!(swap(&[SPLIT, ABSENT, ABSENT, 0]).err(), Some(LowerError::Split(0, 0)));
+    }
+}
