@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from choreo.msccl.lower import lower
-from choreo.msccl.xmlmodel import to_text
 from choreo.schedule import Schedule
 
 
@@ -16,5 +15,5 @@ def to_xml(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", in
     limit); it is written in the dialect's own convention (executor: inclusive, 0 = unlimited;
     legacy: exclusive, 0 = never). Raises ``InputError`` if the runtime could not run it.
     """
-    return to_text(lower(schedule, tenant, dialect=dialect, instances=instances, proto=proto,
-                         min_bytes=min_bytes, max_bytes=max_bytes, name=name).algo)
+    return lower(schedule, tenant, dialect=dialect, instances=instances, proto=proto,
+                 min_bytes=min_bytes, max_bytes=max_bytes, name=name).text
