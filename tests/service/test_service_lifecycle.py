@@ -27,7 +27,7 @@ def _medium_request() -> object:
     """Seconds of solving on 64 NPUs: long enough to be in flight across a SIGTERM."""
     fabric = build("3d-rfs-64")
     return build_request(fabric, [TenantRequest("draining", fabric.npus, "allreduce", 1 << 30,
-                                                chunks=4)], restarts=32)
+                                                chunks=8)], restarts=64)
 
 
 def _scrape(port: int) -> str:
