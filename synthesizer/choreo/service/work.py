@@ -42,9 +42,21 @@ Say = Callable[[str, str, int, int], None]  # stage, message, done, total
 @dataclass
 class _Solved:
     bucket: SizeBucket
-    schedule: Schedule
     round: int
     member: int  # the tenant's index among the round's demands
+    schedule: Schedule
+
+
+@dataclass(frozen=True)
+class _Solve:
+    """One round: every member tenant's demand, synthesized jointly."""
+
+    work: Work
+    demands: tuple[Demand, ...]
+    rounds: int
+
+    def run(self) -> Schedule:
+        return _solve(self.work, list(self.demands), self.rounds)
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,7 @@ class _Encode:
         return gzip.compress(xml.encode(), compresslevel=6, mtime=0) if self.gzip else xml
 
 
-Task = _Judge | _Encode
+Task = _Solve | _Judge | _Encode
 
 
 def run(work: Work, say: Say, helper: Connection | None = None) -> bytes:
@@ -99,25 +111,26 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
     rounds = [(j, b) for j in range(max(len(t.collectives) for t in tenants))
               for b in range(max(len(p[j]) for p in plans if len(p) > j))]
     total = 2 * len(rounds) + sum(len(p) for tenant in plans for p in tenant)  # progress steps
-    schedules: list[Schedule] = []
-    solved: dict[tuple[int, int], list[_Solved]] = {}
+    # Rounds are independent solves, then judging and lowering each result are independent
+    # too: the worker and its helper process share both stages.
+    solves: list[Task] = []
+    slots: dict[tuple[int, int], list[tuple[SizeBucket, int, int]]] = {}
     for r, (j, b) in enumerate(rounds):
         members = [i for i, t in enumerate(tenants) if len(t.collectives) > j]
         picked = [plans[i][j][min(b, len(plans[i][j]) - 1)] for i in members]
-        demands = [
+        solves.append(_Solve(work, tuple(
             Demand(tenants[i].collectives[j].collective, tenants[i].npus, bk.size, bk.chunks,
                    tenants[i].collectives[j].root, tenants[i].weight, tenants[i].name)
-            for i, bk in zip(members, picked, strict=True)
-        ]
-        say("synthesizing", f"collective {j} bucket {b}", r, total)
-        schedules.append(_solve(work, demands, len(rounds)))
+            for i, bk in zip(members, picked, strict=True)), len(rounds)))
         for k, (i, bk) in enumerate(zip(members, picked, strict=True)):
             if b < len(plans[i][j]):  # else it only kept the others company
-                solved.setdefault((i, j), []).append(_Solved(bk, schedules[-1], r, k))
+                slots.setdefault((i, j), []).append((bk, r, k))
+    schedules: list[Schedule] = _share(solves, helper, lambda done, _task: say(
+        "synthesizing", f"{done} of {len(rounds)} rounds solved", done, total))
+    solved = {key: [_Solved(bk, r, k, schedules[r]) for bk, r, k in items]
+              for key, items in slots.items()}
     files = {key: _files(items, work, f"tenants[{key[0]}].collectives[{key[1]}]")
              for key, items in solved.items()}
-    # Judging and lowering are independent once every round is solved: the worker and its
-    # helper process share them.
     tasks: list[Task] = [_Judge(s) for s in schedules]
     lowered = [(key, b) for key in solved for b in range(len(files[key]))]
     tasks += [_Encode(files[key][b], opts.gzip) for key, b in lowered]
@@ -208,7 +221,10 @@ def _share(tasks: list[Task], helper: Connection | None,
 
 
 def _cost(task: Task) -> float:
-    """Rough relative run time: lowering costs about twice what judging does per transfer."""
+    """Rough relative run time: lowering costs about twice what judging does per transfer;
+    a solve, by its demands' chunks."""
+    if isinstance(task, _Solve):
+        return float(sum(d.num_chunks * d.n for d in task.demands))
     if isinstance(task, _Encode):
         return 2.0 * float(task.file.schedule.count.sum())
     return float(task.schedule.count.sum())
