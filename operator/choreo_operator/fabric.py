@@ -428,6 +428,43 @@ def _between(topo: Topology, a: int, b: int) -> list[int]:
             if {topo.links[i].src, topo.links[i].dst} == {a, b}]
 
 
+@dataclass
+class _Cut:
+    sub: Topology
+    ids: dict[int, int]
+    links: tuple[int, ...]  # the fabric links it holds
+    health: tuple[bool, ...]  # theirs, then whether each of its nodes has failed
+
+
+class Subfabrics:
+    """``subfabric`` results, reused while the links and nodes they hold keep their health.
+
+    Every round cuts a sub-fabric per tenant group out of the live fabric, and a failure
+    rebuilds that fabric; most groups do not touch the failed device, so their cut is still
+    right. Valid for one base fabric: ``clear`` when the FabricTopology or a NodeFabric
+    changes (link ids and attributes come from it)."""
+
+    def __init__(self) -> None:
+        self._cuts: dict[tuple[str, tuple[int, ...]], _Cut] = {}
+
+    def clear(self) -> None:
+        self._cuts.clear()
+
+    def get(self, topo: Topology, npus: Iterable[int],
+            name: str = "") -> tuple[Topology, dict[int, int]]:
+        key = (name, tuple(sorted(set(npus))))
+        cut = self._cuts.get(key)
+        if cut is None or _health(topo, cut.links, cut.ids) != cut.health:
+            sub, ids, held = _cut(topo, key[1], name)
+            cut = _Cut(sub, ids, held, _health(topo, held, ids))
+            self._cuts[key] = cut
+        return cut.sub, cut.ids
+
+
+def _health(topo: Topology, links: Sequence[int], ids: Mapping[int, int]) -> tuple[bool, ...]:
+    return (*(topo.links[i].healthy for i in links), *(v in topo.failed for v in ids))
+
+
 def subfabric(topo: Topology, npus: Iterable[int],
               name: str = "") -> tuple[Topology, dict[int, int]]:
     """The part of ``topo`` a group's traffic can use, renumbered densely.
@@ -437,26 +474,42 @@ def subfabric(topo: Topology, npus: Iterable[int],
     small on a 8000-GPU fabric and its fingerprint changes only when something it can use
     changes. Returns the topology and the map from fabric ids to its ids.
     """
+    sub, ids, _ = _cut(topo, npus, name)
+    return sub, ids
+
+
+def _cut(topo: Topology, npus: Iterable[int],
+         name: str) -> tuple[Topology, dict[int, int], tuple[int, ...]]:
+    """``subfabric``, and the fabric links it holds."""
     keep_npus = sorted(set(npus))
-    mine = set(keep_npus)
-    links = topo.links
+    links, trunks = topo.links, topo.trunk_links
     switches: set[int] = set()
-    stack = [v for v in keep_npus]
-    seen = set(stack)
-    while stack:
-        v = stack.pop()
+    stack: list[int] = []
+    for v in keep_npus:
         for i in topo.out_links(v):
             w = links[i].dst
-            if w not in seen and not topo.is_npu(w):
-                seen.add(w)
+            if not topo.is_npu(w) and w not in switches:
+                switches.add(w)
+                stack.append(w)
+    while stack:
+        s = stack.pop()
+        for i in trunks[s]:
+            w = links[i].dst
+            if links[i].src == s and w not in switches:
                 switches.add(w)
                 stack.append(w)
     neighbours: dict[int, set[int]] = {s: set() for s in switches}
+    for v in keep_npus:
+        for i in (*topo.out_links(v), *topo.in_links(v)):
+            lk = links[i]
+            other = lk.dst if lk.src == v else lk.src
+            if other in switches:
+                neighbours[other].add(v)
     for s in switches:
-        for i in (*topo.out_links(s), *topo.in_links(s)):
+        for i in trunks[s]:
             lk = links[i]
             other = lk.dst if lk.src == s else lk.src
-            if other in mine or other in switches:
+            if other in switches:
                 neighbours[s].add(other)
     leaves = [s for s, n in neighbours.items() if len(n) < 2]
     while leaves:
@@ -471,11 +524,13 @@ def subfabric(topo: Topology, npus: Iterable[int],
                     leaves.append(other)
     order = keep_npus + sorted(switches)
     ids = {old: new for new, old in enumerate(order)}
-    sub_links = tuple(
-        Link(ids[lk.src], ids[lk.dst], lk.alpha, lk.bandwidth, lk.kind, lk.healthy)
-        for lk in links if lk.src in ids and lk.dst in ids)
+    touching = {i for v in keep_npus for i in (*topo.out_links(v), *topo.in_links(v))}
+    touching.update(i for s in switches for i in trunks[s])
+    held = tuple(i for i in sorted(touching) if links[i].src in ids and links[i].dst in ids)
+    sub_links = tuple(Link(ids[lk.src], ids[lk.dst], lk.alpha, lk.bandwidth, lk.kind, lk.healthy)
+                      for lk in (links[i] for i in held))
     sub = Topology(name=name or topo.name, kinds=tuple(topo.kinds[v] for v in order),
                    links=sub_links,
                    failed=frozenset(ids[v] for v in topo.failed if v in ids),
                    names=tuple(topo.node_name(v) for v in order))
-    return sub, ids
+    return sub, ids, held

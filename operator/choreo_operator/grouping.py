@@ -50,12 +50,7 @@ def footprint(topo: Topology, npus: Iterable[int]) -> set[int]:
                 out.add(i)
                 attached.add(other)
     for s in attached:
-        for i in topo.out_links(s):
-            if not topo.is_npu(links[i].dst):
-                out.add(i)
-        for i in topo.in_links(s):
-            if not topo.is_npu(links[i].src):
-                out.add(i)
+        out.update(topo.trunk_links[s])
     return out
 
 

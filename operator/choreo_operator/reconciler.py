@@ -26,7 +26,13 @@ from typing import Any, Protocol
 from choreo.errors import ChoreoError
 from choreo_operator import metrics, results, status
 from choreo_operator.debounce import Debouncer
-from choreo_operator.fabric import BaseFabric, Fabric, apply_failures, base_fabric, subfabric
+from choreo_operator.fabric import (
+    BaseFabric,
+    Fabric,
+    Subfabrics,
+    apply_failures,
+    base_fabric,
+)
 from choreo_operator.grouping import Group, Member, groups
 from choreo_operator.kube import ApiError
 from choreo_operator.model import (
@@ -89,6 +95,7 @@ class Settings:
     restarts: int = 2
     max_buckets: int = 4
     split_bytes: int = results.SPLIT_BYTES
+    publish_slots: int = 2  # groups whose schedules are written at the same time
 
 
 @dataclass
@@ -140,6 +147,7 @@ class Reconciler:
         self.settings = settings or Settings()
         self.debouncer = Debouncer(self.settings.quiet_seconds, self.settings.max_delay_seconds)
         self.flights: dict[str, Flight] = {}
+        self._publishing = asyncio.Semaphore(self.settings.publish_slots)
         self.current: dict[str, str] = {}  # group scope -> inputs hash of the latest round
         self.jobs: dict[str, JobState] = {}
         self.failure_status: dict[str, Any] = {}
@@ -148,6 +156,7 @@ class Reconciler:
         self._fabric_key: Any = None
         self._fabric: Fabric | None = None
         self._base: tuple[Any, BaseFabric] | None = None
+        self._subs = Subfabrics()
         self._retry_reasons: dict[str, str] = {}
         self._stopping = False
 
@@ -192,6 +201,7 @@ class Reconciler:
         if key != self._fabric_key:
             if self._base is None or key[:2] != self._base[0]:
                 self._base = (key[:2], base_fabric(spec, dict(nfs)))
+                self._subs.clear()
             self._fabric = apply_failures(self._base[1], failures, down)
             self._fabric_key = key
         return self._fabric, notes
@@ -247,7 +257,7 @@ class Reconciler:
                                     f"{len(slots)} healthy GPU(s) placed; a collective needs 2")
                 continue
             tenant_npus = tuple(s.npu for s in slots)
-            why = _disconnected(topo, tenant_npus)
+            why = self._disconnected(topo, tenant_npus)
             if why:
                 blocked[job.key] = ("Infeasible", "TenantDisconnected", why)
                 continue
@@ -258,7 +268,7 @@ class Reconciler:
         for group in groups(topo, members):
             group_jobs = [ready[k] for k in group.members]
             npus = [s.npu for j in group_jobs for s in healthy_slots(placements[j.key], fabric)]
-            sub, ids = subfabric(topo, npus, name=f"{topo.name}-{group.scope}")
+            sub, ids = self._subs.get(topo, npus, name=f"{topo.name}-{group.scope}")
             tenants = [TenantRequest(j.key, tuple(ids[s.npu] for s in
                                                   healthy_slots(placements[j.key], fabric)),
                                      j.collectives, j.weight) for j in group_jobs]
@@ -278,11 +288,22 @@ class Reconciler:
             if len(group_jobs) > 1:
                 for j, t in zip(group_jobs, tenants, strict=True):
                     own = [s.npu for s in healthy_slots(placements[j.key], fabric)]
-                    alone, own_ids = subfabric(topo, own, name=f"{topo.name}-{group.scope}-1")
+                    alone, own_ids = self._subs.get(topo, own,
+                                                    name=f"{topo.name}-{group.scope}-1")
                     plan.singles.append((alone, TenantRequest(
                         t.name, tuple(own_ids[v] for v in own), t.collectives, t.weight)))
             plans.append(plan)
         return plans
+
+    def _disconnected(self, topo: Any, npus: tuple[int, ...]) -> str | None:
+        """Why the tenant cannot run on its own GPUs, or None. Its sub-fabric holds exactly
+        what its data may cross (its GPUs and the switches between them)."""
+        sub, ids = self._subs.get(topo, npus)
+        try:
+            sub.check_connected([ids[v] for v in npus], "tenant")
+        except ChoreoError as err:
+            return str(err)
+        return None
 
     def _up_to_date(self, plan: GroupPlan) -> bool:
         for job in plan.members:
@@ -412,16 +433,19 @@ class Reconciler:
                         "inputsHash": plan.inputs_hash}})
                 self.flights.pop(scope, None)
                 return
-        if self.current.get(scope) != plan.inputs_hash:
-            metrics.RESYNTHESES.labels(reason=reason, result="stale").inc()
-            return
         answered = time.monotonic()
-        with contextlib.suppress(Exception):
-            await marking
-        by_name = {t.name: t for t in response.tenants}
-        for job in plan.members:
-            await self._publish(job, plan, by_name[job.key], response, reason,
-                                time.monotonic() - started)
+        # Publishing inflates and splits megabytes of XML and writes them to the API server:
+        # a few groups at a time, or a startup with many tenants would hold all of it at once.
+        async with self._publishing:
+            if self.current.get(scope) != plan.inputs_hash:
+                metrics.RESYNTHESES.labels(reason=reason, result="stale").inc()
+                return
+            with contextlib.suppress(Exception):
+                await marking
+            by_name = {t.name: t for t in response.tenants}
+            for job in plan.members:
+                await self._publish(job, plan, by_name[job.key], response, reason,
+                                    time.monotonic() - started)
         metrics.RESYNTHESES.labels(reason=reason, result="ok").inc()
         latency = max(0.0, time.time() - since)
         metrics.LATENCY.observe(latency)
@@ -730,18 +754,6 @@ def _touches(f: DeviceFailureSpec, node: str, gpu: int) -> bool:
     if f.type == "link" and f.nic is None:
         return gpu in (f.gpu, f.peer_gpu)
     return True
-
-
-def _disconnected(topo: Any, npus: tuple[int, ...]) -> str | None:
-    """Why the tenant cannot run on its own GPUs, or None. Its sub-fabric holds exactly what
-    its data may cross (its GPUs and the switches between them), and stays small on a large
-    fabric."""
-    sub, ids = subfabric(topo, npus)
-    try:
-        sub.check_connected([ids[v] for v in npus], "tenant")
-    except ChoreoError as err:
-        return str(err)
-    return None
 
 
 def _problem_reason(problem: str) -> str:

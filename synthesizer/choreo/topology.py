@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from choreo.errors import InputError
@@ -92,6 +93,18 @@ class Topology:
     def switches(self) -> list[int]:
         return [i for i, k in enumerate(self.kinds) if k is NodeKind.SWITCH]
 
+    @cached_property
+    def trunk_links(self) -> tuple[tuple[int, ...], ...]:
+        """Per node, the links (either direction) joining it to another switch; empty for
+        NPUs. Walking switch to switch this way skips a rail switch's thousand NPU ports."""
+        out: list[list[int]] = [[] for _ in self.kinds]
+        for i, link in enumerate(self.links):
+            if not self.is_npu(link.src) and not self.is_npu(link.dst):
+                out[link.src].append(i)
+                if link.dst != link.src:
+                    out[link.dst].append(i)
+        return tuple(tuple(x) for x in out)
+
     def is_npu(self, node: int) -> bool:
         return self.kinds[node] is NodeKind.NPU
 
@@ -120,6 +133,10 @@ class Topology:
 
     def fingerprint(self) -> str:
         """Content hash: equal fabrics give equal fingerprints (used for caching)."""
+        return self._fingerprint
+
+    @cached_property
+    def _fingerprint(self) -> str:
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 

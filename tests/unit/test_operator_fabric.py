@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from choreo import generators
-from choreo_operator.fabric import build_fabric, subfabric
+from choreo_operator.fabric import Subfabrics, build_fabric, subfabric
 from choreo_operator.model import (
     DeviceFailureSpec,
     FabricSpec,
@@ -132,6 +132,37 @@ def test_subfabric_keeps_only_useful_switches() -> None:
     assert names == {"n0/sw-nvswitch", "n1/sw-nvswitch", "n0/nic0", "n1/nic0", "rail0"}
     assert len(sub.npus) == 8 and sorted(ids.values())[:8] == list(range(8))
     sub.check_connected(sub.npus)
+
+
+def test_subfabric_holds_every_link_between_what_it_keeps() -> None:
+    """The cut walks switch-to-switch links only; it must still hold exactly the links of
+    the fabric between the nodes it keeps (checked against a scan of every link)."""
+    fab = build_fabric(_spec(6, inter_type="rail", rails=2), {},
+                       [DeviceFailureSpec("l", "n1", "nic", nic="nic1")])
+    topo = fab.topology
+    npus = [v for v in (fab.gpu(n, g) for n in ("n1", "n4") for g in range(8)) if v is not None]
+    sub, ids = subfabric(topo, npus)
+    scanned = [(ids[lk.src], ids[lk.dst], lk.healthy) for lk in topo.links
+               if lk.src in ids and lk.dst in ids]
+    assert [(lk.src, lk.dst, lk.healthy) for lk in sub.links] == scanned
+    assert not all(lk.healthy for lk in sub.links)  # the failed NIC's links came along
+    assert {topo.node_name(i) for i in range(topo.num_nodes) if topo.trunk_links[i]} == {
+        f"n{k}/nic{r}" for k in range(6) for r in range(2)} | {"rail0", "rail1"}
+
+
+def test_subfabrics_are_reused_until_their_own_health_changes() -> None:
+    spec = _spec(4, inter_type="rail", rails=8)
+    before = build_fabric(spec, {}).topology
+    cache = Subfabrics()
+    fab = build_fabric(spec, {})
+    mine = [v for v in (fab.gpu(n, g) for n in ("n0", "n1") for g in range(8)) if v is not None]
+    first, _ = cache.get(before, mine, "t")
+    elsewhere = build_fabric(spec, {}, [DeviceFailureSpec("f", "n3", "gpu", gpu=2)]).topology
+    assert cache.get(elsewhere, mine, "t")[0] is first
+    inside = build_fabric(spec, {}, [DeviceFailureSpec("f", "n0", "nic", nic="nic2")]).topology
+    cut, _ = cache.get(inside, mine, "t")
+    assert cut is not first and cut == subfabric(inside, mine, "t")[0]
+    assert sum(not lk.healthy for lk in cut.links) == 2
 
 
 def test_fabric_spec_from_body() -> None:
