@@ -443,20 +443,23 @@ class Reconciler:
             with contextlib.suppress(Exception):
                 await marking
             by_name = {t.name: t for t in response.tenants}
-            for job in plan.members:
-                await self._publish(job, plan, by_name[job.key], response, reason,
-                                    time.monotonic() - started)
-        metrics.RESYNTHESES.labels(reason=reason, result="ok").inc()
-        latency = max(0.0, time.time() - since)
-        metrics.LATENCY.observe(latency)
+            published = [job for job in plan.members if await self._publish(
+                job, plan, by_name[job.key], response, reason, time.monotonic() - started)]
         self.flights.pop(scope, None)
-        log.info("%s: published %.2f s after the %s event (synthesizer %.2f s, of which its "
-                 "own work %.2f s; publishing %.2f s)", ", ".join(plan.group.members), latency,
-                 reason, answered - started, response.synthesis_seconds,
-                 time.monotonic() - answered)
+        if len(published) == len(plan.members):  # otherwise each refusal was counted
+            latency = max(0.0, time.time() - since)
+            metrics.RESYNTHESES.labels(reason=reason, result="ok").inc()
+            metrics.LATENCY.observe(latency)
+            log.info("%s: published %.2f s after the %s event (synthesizer %.2f s, of which its "
+                     "own work %.2f s; publishing %.2f s)", ", ".join(plan.group.members),
+                     latency, reason, answered - started, response.synthesis_seconds,
+                     time.monotonic() - answered)
+        for job in published:
+            await self._gc(job)
 
     async def _publish(self, job: JobSpec, plan: GroupPlan, result: Any, response: Any,
-                       reason: str, seconds: float) -> None:
+                       reason: str, seconds: float) -> bool:
+        """Write the job's new schedule and status; False when it was refused instead."""
         pl = plan.placements[job.key]
         fabric = self._fabric
         assert fabric is not None
@@ -486,7 +489,8 @@ class Reconciler:
                 "Degraded": (True, "VerificationFailed", "; ".join(schedule.errors[:3])),
                 "Synthesizing": (False, "Done", "the new schedule failed verification")},
                 event=("Warning", "VerificationFailed"))
-            return
+            metrics.RESYNTHESES.labels(reason=reason, result="unverified").inc()
+            return False
         # Splitting megabytes of XML per pod takes a while: keep the event loop answering.
         name, parts, bodies = await asyncio.to_thread(
             results.config_maps, job, schedule, pod_ranks, pl.pod_index, plan.inputs_hash,
@@ -504,7 +508,7 @@ class Reconciler:
                 f"MiB, over the 1 MiB limit; synthesizing again with {cap} size bucket(s) "
                 f"instead of {used}")}, event=("Normal", "FewerSizeBuckets"))
             self.poke("retry")
-            return
+            return False
         if too_big:
             # The API server would refuse it on every retry: say so once, keep what pods have.
             self._state(job).inputs_hash = plan.inputs_hash
@@ -515,7 +519,7 @@ class Reconciler:
                 event=("Warning", "ScheduleTooLarge"),
                 extra={"lastSynthesis": {"time": status.now(), "reason": reason,
                                          "inputsHash": plan.inputs_hash}})
-            return
+            return False
         # One ConfigMap per pod for large tenants: written side by side, a few at a time.
         writes = asyncio.Semaphore(CONFIGMAP_WRITES)
 
@@ -581,7 +585,7 @@ class Reconciler:
             metrics.BUSBW.labels(job.namespace, job.name, c.name).set(c.busbw)
             metrics.BOUND.labels(job.namespace, job.name, c.name).set(c.fraction_of_bound)
         state.keep = {name} if not parts else {p.name for p in parts}
-        await self._gc(job)
+        return True
 
     # ---- status ------------------------------------------------------------------------------
     def _state(self, job: JobSpec) -> JobState:
