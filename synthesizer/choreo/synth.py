@@ -14,7 +14,9 @@ whose schedule stays linear in the ranks where chunk matching would be quadratic
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -97,13 +99,35 @@ def synthesize(
     return min(results, key=lambda s: s.makespan)
 
 
+_VIEWS: OrderedDict[Hashable, list[Topology]] = OrderedDict()
+_VIEWS_LOCK = threading.Lock()
+VIEWS_KEPT = 8  # a request's size buckets share their views
+
+
 def _logical_views(fabric: Topology, demands: tuple[Demand, ...],
                    opts: SynthOptions) -> list[Topology]:
     """Switch-free graphs to match on: the fabric, or its unwindings for a few degrees.
 
     Without relaying each tenant's switch ports are unwound among its own NPUs (when tenants
-    do not share NPUs), so no logical link of one tenant leads through another's NPUs.
+    do not share NPUs), so no logical link of one tenant leads through another's NPUs. They
+    depend on who sends, not on how much: the last few are kept for the next size bucket.
     """
+    key = (fabric.fingerprint(), tuple(d.ranks for d in demands), opts.relay, opts.degrees)
+    with _VIEWS_LOCK:
+        views = _VIEWS.get(key)
+        if views is not None:
+            _VIEWS.move_to_end(key)
+            return views
+    views = _unwound_views(fabric, demands, opts)
+    with _VIEWS_LOCK:
+        _VIEWS[key] = views
+        while len(_VIEWS) > VIEWS_KEPT:
+            _VIEWS.popitem(last=False)
+    return views
+
+
+def _unwound_views(fabric: Topology, demands: tuple[Demand, ...],
+                   opts: SynthOptions) -> list[Topology]:
     members = {r for d in demands for r in d.ranks}
     if not fabric.switches:
         return [restrict(fabric, members, opts.relay)]

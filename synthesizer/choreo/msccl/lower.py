@@ -195,20 +195,21 @@ class _Program:
         self.pos = np.empty(2 * T, dtype=np.int64)
         self.pos[self.L] = ids
         # Lanes: transfers of one pair that overlap in time need separate connections.
-        lane = np.zeros(T, dtype=np.int64)
+        lane = [0] * T
         ends: dict[tuple[int, int], list[float]] = defaultdict(list)
+        src, dst = self.src.tolist(), self.dst.tolist()
+        start, end = self.start.tolist(), self.end.tolist()
         for x in np.lexsort((self.end, self.start)).tolist():
-            busy = ends[(int(self.src[x]), int(self.dst[x]))]
-            s = float(self.start[x])
+            busy = ends[(src[x], dst[x])]
             for k, e in enumerate(busy):
-                if e <= s + EPS:
-                    busy[k] = float(self.end[x])
+                if e <= start[x] + EPS:
+                    busy[k] = end[x]
                     lane[x] = k
                     break
             else:
                 lane[x] = len(busy)
-                busy.append(float(self.end[x]))
-        self.lane = lane
+                busy.append(end[x])
+        self.lane = np.asarray(lane, dtype=np.int64)
 
     def _offsets(self) -> None:
         """Where each atom's chunks sit in its node's input and output (ABSENT if they do not
