@@ -298,6 +298,10 @@ def base_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec]) ->
                        for g in models[name].failed_gpus if (name, g) in gpu_ids)
     topo = Topology(name=spec.name, kinds=tuple(b.kinds), links=tuple(b.links),
                     failed=frozenset(), names=tuple(b.names))
+    try:
+        topo.validate("fabric")  # failures change health only, so the live fabric is valid too
+    except InputError as err:
+        notes.append(str(err))
     return BaseFabric(topo, b.ids, models, gpu_ids, node_gpus, failed, tuple(notes))
 
 
@@ -315,16 +319,8 @@ def apply_failures(base: BaseFabric, failures: Iterable[DeviceFailureSpec] = (),
         found = _apply_failure(f, topo, base.ids, base.models, failed, bad_links)
         if found:
             problems[f.name] = found
-    links = tuple(Link(lk.src, lk.dst, lk.alpha, lk.bandwidth, lk.kind, False)
-                  if i in bad_links else lk for i, lk in enumerate(topo.links))
-    final = Topology(name=topo.name, kinds=topo.kinds, links=links, failed=frozenset(failed),
-                     names=topo.names)
-    notes = list(base.notes)
-    try:
-        final.validate("fabric")
-    except InputError as err:
-        notes.append(str(err))
-    return Fabric(final, base.gpu_ids, base.node_gpus, problems, tuple(notes))
+    final = topo.with_health(frozenset(failed), bad_links)
+    return Fabric(final, base.gpu_ids, base.node_gpus, problems, base.notes)
 
 
 def _copy(model: LocalModel) -> LocalModel:

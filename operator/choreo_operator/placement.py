@@ -45,9 +45,27 @@ class Placement:
         return tuple(s.npu for s in self.slots)
 
 
-def selected_pods(job: JobSpec, pods: Iterable[PodInfo]) -> list[PodInfo]:
-    return [p for p in pods if p.namespace == job.namespace and p.active
-            and job.selector.matches(p.label_map)]
+class PodIndex:
+    """Active pods by namespace and by label, so each job's selector looks only at the pods
+    that carry one of its labels rather than at every pod of the cluster."""
+
+    def __init__(self, pods: Iterable[PodInfo]) -> None:
+        self.labels: dict[int, dict[str, str]] = {}
+        self.by_ns: dict[str, list[PodInfo]] = {}
+        self.by_label: dict[tuple[str, str, str], list[PodInfo]] = {}
+        for p in pods:
+            if not p.active:
+                continue
+            self.labels[id(p)] = p.label_map
+            self.by_ns.setdefault(p.namespace, []).append(p)
+            for key, value in p.labels:
+                self.by_label.setdefault((p.namespace, key, value), []).append(p)
+
+    def selected(self, job: JobSpec) -> list[PodInfo]:
+        ns, sel = job.namespace, job.selector
+        pool = min((self.by_label.get((ns, k, v), []) for k, v in sel.labels), key=len,
+                   default=self.by_ns.get(ns, []))
+        return [p for p in pool if sel.matches(self.labels[id(p)])]
 
 
 def _parse_gpus(text: str) -> list[int] | None:
@@ -60,13 +78,13 @@ def _parse_gpus(text: str) -> list[int] | None:
 def place(jobs: Iterable[JobSpec], pods: Iterable[PodInfo], fabric: Fabric | None,
           ) -> dict[str, Placement]:
     """Placement of every job (keyed ``namespace/name``)."""
-    pods = list(pods)
+    index = PodIndex(pods)
     out: dict[str, Placement] = {}
     wanted: list[tuple[JobSpec, PodInfo, int, int]] = []  # job, pod, rank, gpus
     for job in jobs:
         pl = Placement(job)
         out[job.key] = pl
-        mine = selected_pods(job, pods)
+        mine = index.selected(job)
         pl.pods = len(mine)
         ranked = []
         for i, pod in enumerate(sorted(mine, key=lambda p: p.name)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from functools import cached_property
 from typing import Any
@@ -92,6 +92,22 @@ class Topology:
     @property
     def switches(self) -> list[int]:
         return [i for i, k in enumerate(self.kinds) if k is NodeKind.SWITCH]
+
+    def with_health(self, failed: frozenset[int], down: Iterable[int]) -> Topology:
+        """This fabric with ``failed`` as its failed nodes and the ``down`` links unhealthy
+        (the others as they are). The structure is the same, so the adjacency is shared, not
+        rebuilt: a failure on a fabric of thousands of links costs one pass over them."""
+        bad = set(down)
+        links = tuple(replace(lk, healthy=False) if i in bad else lk
+                      for i, lk in enumerate(self.links))
+        new = object.__new__(Topology)
+        for f in fields(self):
+            object.__setattr__(new, f.name, getattr(self, f.name))
+        object.__setattr__(new, "links", links)
+        object.__setattr__(new, "failed", failed)
+        if "trunk_links" in self.__dict__:
+            new.__dict__["trunk_links"] = self.trunk_links
+        return new
 
     @cached_property
     def trunk_links(self) -> tuple[tuple[int, ...], ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from choreo import generators
+from choreo.topology import Topology
 from choreo_operator.fabric import Subfabrics, build_fabric, subfabric
 from choreo_operator.model import (
     DeviceFailureSpec,
@@ -49,6 +50,12 @@ def test_failures_and_down_nodes() -> None:
     assert failed == {"n0/gpu3"} | {f"n2/gpu{g}" for g in range(8)}
     assert set(fab.problems) == {"x", "y", "l"}  # dgx-h100 GPUs have no direct links
     assert "not in FabricTopology" in fab.problems["x"] and "no GPU 99" in fab.problems["y"]
+    # built from the healthy fabric's adjacency: the same as a fabric built from scratch
+    topo = fab.topology
+    fresh = Topology(topo.name, topo.kinds, topo.links, topo.failed, topo.names)
+    assert topo == fresh and topo.fingerprint() == fresh.fingerprint()
+    assert all(topo.out_links(v) == fresh.out_links(v) and topo.in_links(v) == fresh.in_links(v)
+               for v in range(topo.num_nodes))
 
 
 def test_dgx1_link_failure_cuts_both_directions() -> None:
