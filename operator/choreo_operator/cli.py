@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tls.crt/tls.key/ca.crt to serve with; generated here if absent")
     p.add_argument("--webhook-config", default="choreo-operator",
                    help="MutatingWebhookConfiguration to point at this webhook ('' leaves it)")
-    p.add_argument("--debounce", type=float, default=0.2,
+    p.add_argument("--debounce", type=float, default=0.1,
                    help="seconds without new events before a round starts")
     p.add_argument("--max-delay", type=float, default=2.0,
                    help="longest a burst may postpone a round (seconds)")

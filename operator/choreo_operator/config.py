@@ -17,7 +17,7 @@ class Config:
     webhook_host: str | None = None
     webhook_cert_dir: str = "/tmp/choreo-operator-certs"
     webhook_config: str = "choreo-operator"
-    quiet_seconds: float = 0.2
+    quiet_seconds: float = 0.1
     max_delay_seconds: float = 2.0
     timeout_seconds: float = 60.0
     restarts: int = 2

@@ -12,7 +12,7 @@ import time
 
 
 class Debouncer:
-    def __init__(self, quiet: float = 0.2, max_delay: float = 2.0) -> None:
+    def __init__(self, quiet: float = 0.1, max_delay: float = 2.0) -> None:
         self.quiet = quiet
         self.max_delay = max_delay
         self._event = asyncio.Event()

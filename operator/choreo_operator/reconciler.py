@@ -87,7 +87,7 @@ class Synthesizer(Protocol):
 
 @dataclass
 class Settings:
-    quiet_seconds: float = 0.2
+    quiet_seconds: float = 0.1
     max_delay_seconds: float = 2.0
     call_timeout_seconds: float = 60.0
     backoff_initial_seconds: float = 0.5
@@ -220,7 +220,6 @@ class Reconciler:
         plans: list[GroupPlan] = []
         blocked: dict[str, tuple[str, str, str]] = {}  # job -> condition, reason, message
         if fabric is not None:
-            await self._fabric_status(inputs, fabric, notes)
             plans = self._plan(jobs, placements, fabric, blocked)
         for job in jobs:
             if job.key in blocked:
@@ -232,7 +231,9 @@ class Reconciler:
                 self.current.pop(scope, None)
         for plan in plans:
             await self._launch(plan, reason, since)
+        # Bookkeeping after the syntheses are under way: it is not on their path.
         if fabric is not None:
+            await self._fabric_status(inputs, fabric, notes)
             await self._failure_status(inputs, fabric, placements)
         await self._collect(jobs, inputs.pods)
         self._phase_metrics()
