@@ -442,13 +442,21 @@ class Subfabrics:
 
     def __init__(self) -> None:
         self._cuts: dict[tuple[str, tuple[int, ...]], _Cut] = {}
+        self._used: set[tuple[str, tuple[int, ...]]] = set()
 
     def clear(self) -> None:
         self._cuts.clear()
 
+    def keep_used(self) -> None:
+        """Forget the cuts nobody asked for since the last call (groups that changed)."""
+        for key in set(self._cuts) - self._used:
+            del self._cuts[key]
+        self._used.clear()
+
     def get(self, topo: Topology, npus: Iterable[int],
             name: str = "") -> tuple[Topology, dict[int, int]]:
         key = (name, tuple(sorted(set(npus))))
+        self._used.add(key)
         cut = self._cuts.get(key)
         if cut is None or _health(topo, cut.links, cut.ids) != cut.health:
             sub, ids, held = _cut(topo, key[1], name)

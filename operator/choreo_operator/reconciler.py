@@ -222,6 +222,7 @@ class Reconciler:
         blocked: dict[str, tuple[str, str, str]] = {}  # job -> condition, reason, message
         if fabric is not None:
             plans = self._plan(jobs, placements, fabric, blocked)
+            self._subs.keep_used()
         for job in jobs:
             if job.key in blocked:
                 await self._blocked(job, placements[job.key], *blocked[job.key])

@@ -170,6 +170,11 @@ def test_subfabrics_are_reused_until_their_own_health_changes() -> None:
     cut, _ = cache.get(inside, mine, "t")
     assert cut is not first and cut == subfabric(inside, mine, "t")[0]
     assert sum(not lk.healthy for lk in cut.links) == 2
+    cache.keep_used()  # used since the start: kept
+    assert cache.get(inside, mine, "t")[0] is cut
+    cache.keep_used()
+    cache.keep_used()  # not asked for in between: forgotten
+    assert cache.get(inside, mine, "t")[0] is not cut
 
 
 def test_fabric_spec_from_body() -> None:

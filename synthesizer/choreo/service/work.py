@@ -191,7 +191,7 @@ def _share(tasks: list[Task], helper: Connection | None,
             try:
                 conn.send(tasks[k])
                 result = conn.recv()
-            except (EOFError, OSError):  # the helper died: its task goes back to the queue
+            except Exception:  # the helper died (or cannot take it): the task goes back
                 with lock:
                     todo.appendleft(k)
                 return
