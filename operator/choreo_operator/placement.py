@@ -45,27 +45,29 @@ class Placement:
         return tuple(s.npu for s in self.slots)
 
 
+_Entry = tuple[PodInfo, dict[str, str]]  # a pod and its label map
+
+
 class PodIndex:
     """Active pods by namespace and by label, so each job's selector looks only at the pods
     that carry one of its labels rather than at every pod of the cluster."""
 
     def __init__(self, pods: Iterable[PodInfo]) -> None:
-        self.labels: dict[int, dict[str, str]] = {}
-        self.by_ns: dict[str, list[PodInfo]] = {}
-        self.by_label: dict[tuple[str, str, str], list[PodInfo]] = {}
+        self.by_ns: dict[str, list[_Entry]] = {}
+        self.by_label: dict[tuple[str, str, str], list[_Entry]] = {}
         for p in pods:
             if not p.active:
                 continue
-            self.labels[id(p)] = p.label_map
-            self.by_ns.setdefault(p.namespace, []).append(p)
+            entry = (p, p.label_map)
+            self.by_ns.setdefault(p.namespace, []).append(entry)
             for key, value in p.labels:
-                self.by_label.setdefault((p.namespace, key, value), []).append(p)
+                self.by_label.setdefault((p.namespace, key, value), []).append(entry)
 
     def selected(self, job: JobSpec) -> list[PodInfo]:
         ns, sel = job.namespace, job.selector
         pool = min((self.by_label.get((ns, k, v), []) for k, v in sel.labels), key=len,
                    default=self.by_ns.get(ns, []))
-        return [p for p in pool if sel.matches(self.labels[id(p)])]
+        return [p for p, labels in pool if sel.matches(labels)]
 
 
 def _parse_gpus(text: str) -> list[int] | None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 from pathlib import Path
 
 import grpc
 import pytest
+from service_helpers import quick_request
 
 from choreo.collectives import MAX_SIZE, Collective
 from choreo.generators import build
-from choreo.service import protos
+from choreo.service import protos, work, worker
 from choreo.service.api import pb
 from choreo.service.buckets import plan_buckets
 from choreo.service.cache import Memo, ResultCache, cache_key
@@ -18,6 +20,7 @@ from choreo.service.convert import (
     DIALECTS,
     ENGINES,
     PROTOCOLS,
+    Work,
     fabric_from_proto,
     fabric_to_proto,
     options_from_proto,
@@ -155,3 +158,41 @@ def test_generated_code_is_fresh_and_regenerates_when_missing(
     grpc_code = (tmp_path / "gen" / "synthesizer_pb2_grpc.py").read_text()
     assert "from . import synthesizer_pb2" in grpc_code
     assert not protos.is_stale()
+
+
+def _helper_work() -> Work:
+    req = quick_request("helped", topology="dgx-h100-2", lo=1 << 20, hi=256 << 20)
+    req.options.max_buckets = 4
+    options, _ = options_from_proto(req.options)
+    return Work(fabric_from_proto(req.fabric), tenants_from_proto(req.tenants), options, "k")
+
+
+def _without_timing(raw: bytes) -> pb.SynthesizeResponse:
+    response = pb.SynthesizeResponse.FromString(raw)
+    response.synthesis_seconds = 0.0
+    return response
+
+
+def test_a_helper_process_changes_nothing_but_who_does_the_work() -> None:
+    """Solves, judging and lowering shared with a real helper process give the very response
+    the worker computes alone; a helper that dies mid-request leaves its tasks to the worker."""
+    ctx = multiprocessing.get_context("forkserver")
+    lend, borrow = ctx.Pipe()
+    helper = ctx.Process(target=worker.helper_main, args=(borrow, "", 0), daemon=True)
+    helper.start()
+    borrow.close()
+    try:
+        job = _helper_work()
+        alone = _without_timing(work.run(job, lambda *_: None))
+        assert len(alone.tenants[0].collectives[0].buckets) == 4
+        assert all(b.verification.ok for b in alone.tenants[0].collectives[0].buckets)
+        shared = _without_timing(work.run(job, lambda *_: None, lend))
+        assert shared == alone
+        helper.kill()
+        helper.join(timeout=10)
+        orphaned = _without_timing(work.run(job, lambda *_: None, lend))
+        assert orphaned == alone
+    finally:
+        helper.kill()
+        helper.join(timeout=10)
+        lend.close()

@@ -74,6 +74,9 @@ def test_nic_failure_cuts_the_nic() -> None:
     nic = topo.names.index("n1/nic0")
     assert all(not topo.links[i].healthy for i in (*topo.in_links(nic), *topo.out_links(nic)))
     assert sum(not lk.healthy for lk in topo.links) == 2 * (4 + 1)
+    fresh = Topology(topo.name, topo.kinds, topo.links, topo.failed, topo.names)
+    assert topo == fresh and topo.fingerprint() == fresh.fingerprint()
+    assert build_fabric(_spec(2, inter_type="rail", rails=2), {}).topology != topo
 
 
 def test_agent_node_fabric_replaces_the_preset() -> None:

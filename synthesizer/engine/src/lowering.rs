@@ -424,7 +424,7 @@ fn fuse(inp: &Input, h: &Hazards, tbs: &mut [Vec<TbPlan>], chan: &[i64]) -> usiz
                     {
                         let other = firsts[r_ev]
                             .iter()
-                            .find(|&&(p, w)| w != NONE && w != s_ev && p != i64::MAX)
+                            .find(|&&(_, w)| w != NONE && w != s_ev)
                             .map_or(i64::MAX, |&(p, _)| p);
                         if other > pos[s_ev] {
                             ops.push(fused_op(h, a, b, r_ev, s_ev, t));
