@@ -10,6 +10,9 @@ Bandwidth (bytes that must cross some boundary / the bandwidth of that boundary)
   transfers (n-1 to spread or combine it over n ranks, 2(n-1) for all-reduce: the one-way
   gossip bound, which is Patarasuk-Yuan's 2(n-1)/n*S per NPU on a uniform fabric); the total
   divided by all live NPUs' ingress (egress) bandwidth. Helpers outside the tenant count.
+  Where a switch reduces in the network (``Topology.reducing``) partial sums need not land
+  on NPUs, so a combining collective only needs each destination to receive its result
+  once: S per rank for all-reduce, S/n for reduce-scatter, S at the root for reduce.
 * **host volume**: the same counting with every host (node-name prefix) as one super-node
   with free internal bandwidth: a chunk spread over (or combined from) m hosts enters hosts
   m-1 times (2(m-1) for all-reduce), over the hosts' total inter-host ingress.
@@ -56,6 +59,7 @@ def lower_bound(fabric: Topology, demand: Demand, others: Sequence[Demand] = ())
     best = (0.0, "no data must move")
     for cand in (_cuts(fabric, demands), _volume(fabric, demands),
                  _host_volume(fabric, demands), _maxflow(fabric, demands)):
+        # cuts stay valid with in-switch reduction: a sum crossing a cut is still S bytes
         if cand[0] > best[0]:
             best = cand
     lat, lat_reason = _latency(fabric, demands)
@@ -152,10 +156,17 @@ def _cuts(fabric: Topology, demands: list[Demand]) -> tuple[float, str]:
 
 
 # ---- total volume --------------------------------------------------------------------------
-def min_transfers_bytes(d: Demand) -> float:
-    """Bytes that must land on NPUs in total (minimum transfers per chunk * chunk size)."""
+def min_transfers_bytes(d: Demand, in_switch: bool = False) -> float:
+    """Bytes that must land on NPUs in total (minimum transfers per chunk * chunk size).
+
+    ``in_switch``: a switch can combine contributions, so each destination only has to
+    receive its reduced result once."""
     n, s = d.n, float(d.size)
     c = d.collective
+    if in_switch and c is C.ALLREDUCE:
+        return n * s
+    if in_switch and c in (C.REDUCESCATTER, C.REDUCE):
+        return s
     if c is C.ALLREDUCE:
         return 2 * (n - 1) * s
     if c in (C.ALLGATHER, C.REDUCESCATTER, C.BROADCAST, C.REDUCE):
@@ -163,8 +174,22 @@ def min_transfers_bytes(d: Demand) -> float:
     return (n - 1) / n * s  # gather, scatter, alltoall
 
 
+def reducing_reach(fabric: Topology) -> list[set[int]]:
+    """Per usable in-network-reducing switch, the live NPUs with a usable link to it."""
+    out = []
+    for sw in sorted(fabric.reducing):
+        if sw in fabric.failed:
+            continue
+        npus = {fabric.links[i].src for i in fabric.in_links(sw)
+                if fabric.usable(i) and fabric.is_npu(fabric.links[i].src)}
+        if len(npus) > 1:
+            out.append(npus)
+    return out
+
+
 def _volume(fabric: Topology, demands: list[Demand]) -> tuple[float, str]:
-    total = sum(min_transfers_bytes(d) for d in demands)
+    in_switch = bool(reducing_reach(fabric))
+    total = sum(min_transfers_bytes(d, in_switch) for d in demands)
     npus = fabric.npus
     ingress = sum(fabric.ingress_bandwidth(v) for v in npus)
     egress = sum(fabric.egress_bandwidth(v) for v in npus)
@@ -184,9 +209,15 @@ def _host_volume(fabric: Topology, demands: list[Demand]) -> tuple[float, str]:
     if len(hosts) < 2:
         return 0.0, ""
     host_of = {v: h for h, members in hosts.items() for v in members}
+    # a switch that reduces for NPUs of several hosts combines across hosts: each host then
+    # only has to receive its result once (all-reduce), like an NPU under the volume bound
+    across = any(len({host_of.get(v) for v in reach}) > 1 for reach in reducing_reach(fabric))
     total = 0.0
     for d in demands:
         m = len({host_of.get(r) for r in d.ranks} - {None})
+        if across and d.collective.combining:
+            total += (m if d.collective is C.ALLREDUCE else 1) * float(d.size) if m > 1 else 0.0
+            continue
         total += HOST_SPREAD.get(d.collective, 0) * (m - 1) * float(d.size)
     cap = 0.0
     for i, link in enumerate(fabric.links):

@@ -113,13 +113,14 @@ class _Fabric:
     def simplex(self, a: int, b: int, alpha: float, bw: float, kind: str) -> None:
         self.links.append(Link(a, b, alpha, bw, kind))
 
-    def build(self, name: str, dims: Sequence[int] = ()) -> Topology:
+    def build(self, name: str, dims: Sequence[int] = (), reducing: Sequence[int] = ()) -> Topology:
         return Topology(
             name=name,
             kinds=tuple(self.kinds),
             links=tuple(self.links),
             names=tuple(self.names),
             dims=tuple(dims),
+            reducing=frozenset(reducing),
         )
 
 
@@ -504,36 +505,72 @@ def dgx2(
     return fab.build("dgx2" if k == 1 else f"dgx2-{k}", (16, k))
 
 
+def _nvswitch_nodes(
+    fab: _Fabric, nodes: int, per_node: int, alpha: float, bw: float
+) -> list[int]:
+    """One NVSwitch plane per node (a full-duplex port of ``bw`` per GPU); the switch ids."""
+    switches = []
+    for node in range(nodes):
+        sw = fab.switch(f"node{node}/sw-nvswitch")
+        _attach(fab, sw, range(per_node * node, per_node * node + per_node), alpha, bw,
+                "nvswitch")
+        switches.append(sw)
+    return switches
+
+
 def dgx_h100(
     nodes: int = 1,
     *,
-    nvswitch_bandwidth: float = 450 * GB,
+    nvswitch_bandwidth: float = 370 * GB,
     nvswitch_alpha: float = 0.7 * US,
-    ib_bandwidth: float = 50 * GB,
+    ib_bandwidth: float = 46 * GB,
     ib_alpha: float = 1.7 * US,
+    nvls: bool = True,
 ) -> Topology:
-    """DGX-H100 / HGX-8 nodes: 8 H100 on NVSwitch (18 NVLink4 = 450 GB/s per GPU each way),
-    8 NDR rails (400 Gb/s = 50 GB/s per GPU): rail switch r joins GPU r of every node.
+    """DGX-H100 / HGX-8 nodes: 8 H100 on NVSwitch, 8 NDR rails: rail switch r joins GPU r of
+    every node. The NVSwitch reduces in the network (NVLink SHARP) unless ``nvls=False``.
 
+    Rates are achievable, not nominal: 370 GB/s per GPU each way over NVSwitch (18 NVLink4 at
+    NCCL's own 20.6 GB/s per link; 450 GB/s nominal; a forced-ring AllReduce measures
+    365-370 GB/s busbw) and 46 GB/s per 400 Gb/s NIC (maintainers quote 46-48 GB/s, 50 nominal).
     Alphas are assumptions of the same class as TACCL's V100 profile (0.7 us NVLink, 1.7 us IB).
     """
     k = _count("dgx-h100 nodes", nodes, 1)
     bw = _positive("nvswitch_bandwidth", nvswitch_bandwidth)
     a = _alpha("nvswitch_alpha", nvswitch_alpha)
+    if not isinstance(nvls, bool):
+        raise InputError(f"nvls: must be true or false, got {nvls!r}")
     fab = _Fabric(_node_names(k, 8))
-    for node in range(k):
-        _attach(
-            fab,
-            fab.switch(f"node{node}/sw-nvswitch"),
-            range(8 * node, 8 * node + 8),
-            a,
-            bw,
-            "nvswitch",
-        )
+    switches = _nvswitch_nodes(fab, k, 8, a, bw)
     _rails(
         fab, k, 8, range(8), _alpha("ib_alpha", ib_alpha), _positive("ib_bandwidth", ib_bandwidth)
     )
-    return fab.build(f"dgx-h100-{k}", (8, k))
+    return fab.build(f"dgx-h100-{k}", (8, k), switches if nvls else ())
+
+
+def dgx_a100(
+    nodes: int = 1,
+    *,
+    nvswitch_bandwidth: float = 250 * GB,
+    nvswitch_alpha: float = 0.7 * US,
+    ib_bandwidth: float = 24 * GB,
+    ib_alpha: float = 1.7 * US,
+) -> Topology:
+    """DGX-A100 nodes: 8 A100 on NVSwitch (12 NVLink3, 300 GB/s nominal each way, no in-switch
+    reduction), 8 HDR rails (200 Gb/s = 25 GB/s nominal per GPU): rail switch r joins GPU r.
+
+    Achievable rates: 250 GB/s per GPU over NVSwitch (an 8-GPU AllGather measures 254 GB/s
+    busbw, an AllReduce 232) and 24 GB/s per HDR NIC.
+    """
+    k = _count("dgx-a100 nodes", nodes, 1)
+    bw = _positive("nvswitch_bandwidth", nvswitch_bandwidth)
+    a = _alpha("nvswitch_alpha", nvswitch_alpha)
+    fab = _Fabric(_node_names(k, 8))
+    _nvswitch_nodes(fab, k, 8, a, bw)
+    _rails(
+        fab, k, 8, range(8), _alpha("ib_alpha", ib_alpha), _positive("ib_bandwidth", ib_bandwidth)
+    )
+    return fab.build(f"dgx-a100-{k}", (8, k))
 
 
 def mi250(
@@ -681,8 +718,15 @@ _register(
 _register(
     "dgx-h100",
     "dgx-h100-K",
-    "K DGX-H100 nodes: NVSwitch 450 GB/s, 8 IB rails 50 GB/s",
+    "K DGX-H100 nodes: NVSwitch 370 GB/s with NVLink SHARP, 8 IB rails 46 GB/s (achievable)",
     dgx_h100,
+    "nodes",
+)
+_register(
+    "dgx-a100",
+    "dgx-a100-K",
+    "K DGX-A100 nodes: NVSwitch 250 GB/s, 8 HDR rails 24 GB/s (achievable)",
+    dgx_a100,
     "nodes",
 )
 _register("mi250", "mi250", "AMD MI250 node: 16 GCDs on xGMI", mi250, "fixed")

@@ -107,6 +107,7 @@ def route(
         failed=fabric.failed,
         names=fabric.names,
         dims=fabric.dims,
+        reducing=fabric.reducing,
     )
     return topo, chosen
 

@@ -159,6 +159,10 @@ def topology_from_doc(doc: Any, where: str = "topology") -> Topology:
     for j, v in enumerate(doc.get("failed", ())):
         if v >= n:
             raise InputError(f"{where}: failed[{j}]: node {v} does not exist (0..{n - 1})")
+    for j, v in enumerate(doc.get("reducing", ())):
+        if v >= n or kinds[v] is not NodeKind.SWITCH:
+            what = "does not exist" if v >= n else "is not a switch"
+            raise InputError(f"{where}: reducing[{j}]: node {v} {what}")
     topo = Topology(
         name=doc.get("name", Path(where).stem if where != "topology" else "custom"),
         kinds=kinds,
@@ -166,6 +170,7 @@ def topology_from_doc(doc: Any, where: str = "topology") -> Topology:
         failed=frozenset(doc.get("failed", ())),
         names=names,
         dims=tuple(doc.get("dims", ())),
+        reducing=frozenset(doc.get("reducing", ())),
     )
     topo.validate(where)
     return topo

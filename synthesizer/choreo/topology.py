@@ -54,6 +54,10 @@ class Topology:
 
     ``failed`` holds nodes that are present but dead; no schedule may touch them.
     ``names`` optionally labels nodes (for example ``node-3/gpu5``) for operators and agents.
+    ``reducing`` holds the switches that can reduce in the network (NVLink SHARP on H100-class
+    NVSwitches): data sent up to such a switch can come back summed, so an AllReduce over it
+    needs each NPU to send its buffer once and receive the result once. The lower bounds and
+    the NCCL model (NVLS) use it; choreo's own engines do not.
     """
 
     name: str
@@ -62,6 +66,7 @@ class Topology:
     failed: frozenset[int] = frozenset()
     names: tuple[str, ...] = ()
     dims: tuple[int, ...] = ()
+    reducing: frozenset[int] = frozenset()
     _out: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
     _in: tuple[tuple[int, ...], ...] = field(default=(), repr=False, compare=False)
 
@@ -170,6 +175,8 @@ class Topology:
             doc["failed"] = sorted(self.failed)
         if self.dims:
             doc["dims"] = list(self.dims)
+        if self.reducing:
+            doc["reducing"] = sorted(self.reducing)
         return doc
 
     @classmethod
@@ -186,6 +193,7 @@ class Topology:
             failed=frozenset(doc.get("failed", ())),
             names=names,
             dims=tuple(doc.get("dims", ())),
+            reducing=frozenset(doc.get("reducing", ())),
         )
         topo.validate(where)
         return topo
@@ -213,6 +221,11 @@ class Topology:
         for v in self.failed:
             if not 0 <= v < n:
                 raise InputError(f"{where}.failed: node {v} does not exist")
+        for v in self.reducing:
+            if not 0 <= v < n:
+                raise InputError(f"{where}.reducing: node {v} does not exist")
+            if self.kinds[v] is not NodeKind.SWITCH:
+                raise InputError(f"{where}.reducing: node {v} is an NPU, only switches reduce")
 
     def check_connected(self, npus: Sequence[int], where: str = "topology") -> None:
         """Every NPU in ``npus`` must reach every other over usable links (relays allowed)."""

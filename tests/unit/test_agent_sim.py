@@ -25,7 +25,9 @@ def test_dgx_h100_node_has_switch_links_and_rail_nics() -> None:
     assert len(inv.gpus) == 8 and inv.nvswitch
     switch = [ln for ln in inv.links if ln.peer.switch]
     assert len(switch) == 8 and {ln.peer.switch for ln in switch} == {"sw-nvswitch"}
-    assert all(ln.bandwidth == 450e9 and ln.kind == "nvswitch" for ln in switch)
+    # the preset carries the achievable 370 GB/s per GPU (NCCL's 18 x 20.6 GB/s), not the
+    # 450 GB/s nominal peak; the agent reports what the fabric says
+    assert all(ln.bandwidth == 370e9 and ln.kind == "nvswitch" for ln in switch)
     assert [(n.name, n.rail, n.nearest_gpu) for n in inv.nics][:2] == [
         ("mlx5_0", 0, 0),
         ("mlx5_1", 1, 1),

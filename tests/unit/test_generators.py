@@ -218,8 +218,8 @@ def test_ndv2_one_nic_per_node() -> None:
 def test_dgx_h100_rails() -> None:
     topo = build("dgx-h100-4")
     assert len(topo.npus) == 32 and len(topo.switches) == 4 + 8
-    for v in topo.npus:
-        assert topo.egress_bandwidth(v) == pytest.approx((450 + 50) * GB)
+    for v in topo.npus:  # achievable rates: 370 GB/s NVSwitch port (450 nominal), 46 GB/s NIC
+        assert topo.egress_bandwidth(v) == pytest.approx((370 + 46) * GB)
     rail = topo.names.index("sw-rail5")
     assert sorted(topo.links[i].src for i in topo.in_links(rail)) == [5, 13, 21, 29]
     assert build("dgx-h100-1").switches == [8]  # one node: no rails

@@ -111,7 +111,7 @@ def test_circuits_full_bandwidth_between_every_pair() -> None:
     # 8 GPUs per NVSwitch: 2 * 8 * 7 ordered pairs; 8 rails of 2 GPUs: 8 * 2
     assert sum(pairs.values()) == 2 * 56 + 16
     nv = [x for x in c.links if x.kind == "nvswitch"]
-    assert {x.bandwidth for x in nv} == {450e9}
+    assert {x.bandwidth for x in nv} == {370e9}  # the preset's achievable port rate
 
 
 @pytest.mark.parametrize(
