@@ -199,13 +199,24 @@ def _table_v_rows(quick: bool) -> list[Row]:
     return rows
 
 
-def run_bench(quick: bool, only: str | None, json_path: str | None, console: Console) -> int:
+def _calibration_rows(quick: bool) -> list[Row]:
+    from choreo.nccl.calibration import calibration_rows
+
+    return calibration_rows()
+
+
+def run_bench(quick: bool, only: str | None, json_path: str | None, console: Console,
+              calibration: bool = False) -> int:
+    """Every benchmark group, or with ``calibration`` only the NCCL model against the
+    published measurements (its own exit code: non-zero when a row is outside 15%)."""
     groups: list[tuple[str, Callable[[bool], list[Row]]]] = [
         ("scale", _scale_rows),
         ("growth", _growth_rows),
         ("quality", _quality_rows),
         ("tablev", _table_v_rows),
     ]
+    if calibration:
+        groups = [("calibration", _calibration_rows)]
     rows: list[Row] = []
     for name, fn in groups:
         if only and only not in name:

@@ -104,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="small instances only (about a minute)")
     b.add_argument("--only", help="run only benchmarks whose name contains this text")
     b.add_argument("--json", help="also write the rows to this file")
+    b.add_argument("--calibration", action="store_true",
+                   help="only the NCCL model against published nccl-tests measurements")
     b.set_defaults(func=cmd_bench)
     msccl_cli.register(sub)
     agent_cli.register(sub)
@@ -324,7 +326,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from choreo.bench import run_bench
 
-    return run_bench(quick=args.quick, only=args.only, json_path=args.json, console=console)
+    return run_bench(quick=args.quick, only=args.only, json_path=args.json, console=console,
+                     calibration=args.calibration)
 
 
 if __name__ == "__main__":
