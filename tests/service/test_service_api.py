@@ -84,6 +84,23 @@ def test_several_tenants_and_collectives_share_one_fabric(served: Running) -> No
     assert files[0].startswith("0-allreduce-train") and files[3].startswith("1-reducescatter")
 
 
+def test_legacy_gets_an_in_place_and_an_out_of_place_file_per_range(served: Running) -> None:
+    from choreo import msccl
+
+    request = build_request(build("3d-rfs-16"), [
+        TenantRequest("old", list(range(8)), "allreduce", 1 << 20, 256 << 20)],
+        dialect="legacy", max_buckets=4)
+    [coll] = served.client.synthesize(request, timeout=120).tenants[0].collectives
+    kinds = [(b.min_bytes, b.max_bytes, 'inplace="1"' in b.xml) for b in coll.buckets]
+    ranges = sorted({(lo, hi) for lo, hi, _ in kinds})
+    assert len(ranges) == 2  # four files: the legacy runtime loads no more
+    assert sorted(kinds) == sorted((lo, hi, ip) for lo, hi in ranges for ip in (False, True))
+    for b in coll.buckets:
+        assert msccl.validate(b.xml, "legacy") == [], b.file_name
+        assert msccl.run(b.xml).ok
+    assert len({b.file_name for b in coll.buckets}) == 4
+
+
 def test_gzip_encoding_carries_the_same_xml_smaller(served: Running) -> None:
     plain = served.client.synthesize(quick_request("gz", seed=17), timeout=120)
     request = quick_request("gz", seed=17)

@@ -22,7 +22,6 @@ from choreo.msccl import (
     to_xml,
     validate,
 )
-from choreo.msccl.layout import LEGACY_UNLIMITED
 from choreo.msccl.lower import lower
 from choreo.msccl.parse import parse
 from choreo.msccl.xmlmodel import Gpu
@@ -56,10 +55,27 @@ def test_executor_buckets_are_inclusive_with_zero_unlimited() -> None:
         assert validate(xml) == [] and run(xml).ok
 
 
-def test_legacy_buckets_are_exclusive_and_never_zero() -> None:
-    files = bucket_files(buckets(), dialect="legacy")
-    got = [(header(x)["minBytes"], header(x)["maxBytes"]) for _, x in files]
-    assert got == [("0", "65536"), ("65536", "1048576"), ("1048576", str(LEGACY_UNLIMITED))]
+def test_legacy_buckets_are_exclusive_never_zero_and_written_per_kind_of_call() -> None:
+    files = bucket_files(buckets()[:2], dialect="legacy")
+    assert [n for n, _ in files] == ["allreduce-00-inplace.xml", "allreduce-00.xml",
+                                     "allreduce-01-inplace.xml", "allreduce-01.xml"]
+    got = [(header(x)["minBytes"], header(x)["maxBytes"], header(x)["inplace"])
+           for _, x in files]
+    assert got == [("0", "65536", "1"), ("0", "65536", "0"),
+                   ("65536", "1048576", "1"), ("65536", "1048576", "0")]
+    for _, xml in files:
+        assert validate(xml) == []
+        result = run(xml)
+        assert result.ok and result.modes == [
+            "in-place" if header(xml)["inplace"] == "1" else "out-of-place"]
+    with pytest.raises(InputError, match="at most 2 bucket"):
+        bucket_files(buckets(), dialect="legacy")
+
+
+def test_legacy_alltoall_needs_one_file_per_bucket() -> None:
+    four = [(k * 10, k * 10 + 9, schedule("ring-4", "alltoall", 1)) for k in range(4)]
+    files = bucket_files(four, dialect="legacy")
+    assert [header(x)["inplace"] for _, x in files] == ["0"] * 4
     assert all(validate(x) == [] for _, x in files)
 
 

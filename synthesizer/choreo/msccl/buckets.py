@@ -4,6 +4,8 @@ Small messages want few chunks (latency), large ones many (pipelining). The runt
 first file whose range contains the call's size: executor files in lexicographic order of path
 (``minBytes <= n <= maxBytes``, 0 = unlimited), legacy ones in ``MSCCL_XML_FILES`` order
 (``minBytes <= n < maxBytes``, at most 4 files). Ranges here are inclusive and must not overlap.
+Legacy uses a file only for calls whose kind (in place or not) equals its ``inplace``, so each
+legacy bucket is written twice, once per kind (``layout.file_kinds``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,9 @@ from dataclasses import dataclass
 
 from choreo.collectives import Demand
 from choreo.errors import InputError
-from choreo.msccl.api import to_xml
+from choreo.msccl import layout
+from choreo.msccl.lower import Lowering, lower
 from choreo.schedule import Schedule
-
-MAX_LEGACY_ALGOS = 4
 
 
 @dataclass(frozen=True)
@@ -32,17 +33,23 @@ class BucketFile:
     dialect: str
     instances: int
     proto: str
+    calls: str  # the kind of call it serves (layout.CALLS)
+    bucket: int  # index of its bucket in size order
+
+    def lowering(self) -> Lowering:
+        """The program, with the upper end of the range it really serves."""
+        return lower(self.schedule, self.tenant, dialect=self.dialect,
+                     instances=self.instances, proto=self.proto, min_bytes=self.min_bytes,
+                     max_bytes=self.max_bytes, name=self.algo_name, calls=self.calls)
 
     def xml(self) -> str:
-        return to_xml(self.schedule, self.tenant, dialect=self.dialect,
-                      instances=self.instances, proto=self.proto, min_bytes=self.min_bytes,
-                      max_bytes=self.max_bytes, name=self.algo_name)
+        return self.lowering().text
 
 
 def bucket_files(buckets: Sequence[tuple[int, int | None, Schedule]], tenant: int = 0, *,
                  dialect: str = "executor", instances: int = 1,
                  proto: str = "Simple") -> list[tuple[str, str]]:
-    """(file name, XML) per bucket, in size order; names sort in that same order."""
+    """(file name, XML) per file, in size order; names sort in that same order."""
     return [(f.name, f.xml()) for f in plan_files(buckets, tenant, dialect=dialect,
                                                  instances=instances, proto=proto)]
 
@@ -50,14 +57,21 @@ def bucket_files(buckets: Sequence[tuple[int, int | None, Schedule]], tenant: in
 def plan_files(buckets: Sequence[tuple[int, int | None, Schedule]], tenant: int = 0, *,
                dialect: str = "executor", instances: int = 1,
                proto: str = "Simple") -> list[BucketFile]:
-    """The files ``bucket_files`` writes, checked and named but not lowered yet."""
+    """The files ``bucket_files`` writes, checked and named but not lowered yet: one per
+    bucket and kind of call (``layout.file_kinds``)."""
     if not buckets:
         raise InputError("buckets: at least one (min_bytes, max_bytes, schedule) is needed")
-    if dialect == "legacy" and len(buckets) > MAX_LEGACY_ALGOS:
-        raise InputError(f"buckets: the legacy runtime loads at most {MAX_LEGACY_ALGOS} "
-                         f"algorithms, got {len(buckets)}")
+    if dialect not in layout.RUNTIMES:
+        raise InputError(f"dialect: {dialect!r} is not one of {', '.join(layout.DIALECTS)}")
     ordered = sorted(buckets, key=lambda b: b[0])
     first = _demand(ordered[0][2], tenant)
+    kinds = layout.file_kinds(first.collective, dialect)
+    most = layout.max_buckets(first.collective, dialect)
+    if most is not None and len(buckets) > most:
+        raise InputError(f"buckets: the legacy runtime loads at most {layout.MAX_LEGACY_ALGOS} "
+                         f"algorithms and needs {len(kinds)} per bucket "
+                         f"({' and '.join(kinds)} calls) for {first.collective.value}, so at "
+                         f"most {most} bucket(s); got {len(buckets)}")
     for k, (lo, hi, sched) in enumerate(ordered):
         d = _demand(sched, tenant)
         if (d.collective, d.ranks, d.root) != (first.collective, first.ranks, first.root):
@@ -76,9 +90,12 @@ def plan_files(buckets: Sequence[tuple[int, int | None, Schedule]], tenant: int 
     out = []
     for k, (lo, hi, sched) in enumerate(ordered):
         tag = f"{base}-{k:0{width}d}"
-        out.append(BucketFile(f"{tag}.xml", sched, tenant, lo, hi,
-                              f"{tag}-{_demand(sched, tenant).chunks}c", dialect, instances,
-                              proto))
+        chunks = _demand(sched, tenant).chunks
+        for kind in kinds:
+            suffix = "-inplace" if kind == "in-place" and len(kinds) > 1 else ""
+            out.append(BucketFile(f"{tag}{suffix}.xml", sched, tenant, lo, hi,
+                                  f"{tag}-{chunks}c{suffix}", dialect, instances, proto, kind,
+                                  k))
     return out
 
 

@@ -44,7 +44,9 @@ def add_synthesize_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--msccl-out", metavar="DIR",
                         help="also write one MSCCL XML per tenant here (implies --no-relay)")
     parser.add_argument("--dialect", choices=layout.DIALECTS, default="executor",
-                        help="MSCCL runtime: executor (NCCL/RCCL msccl-executor) or legacy")
+                        help="MSCCL runtime: executor (msccl-executor-nccl), rccl (the executor "
+                        "in RCCL) or legacy (microsoft/msccl: an in-place and an out-of-place "
+                        "file per tenant)")
     parser.add_argument("--instances", type=int, default=1,
                         help="MSCCL instances: each chunk split in N, threadblocks replicated")
     parser.add_argument("--proto", choices=layout.PROTOCOLS, default="Simple")
@@ -56,16 +58,20 @@ def msccl_files(sched: Schedule, args: argparse.Namespace) -> dict[str, Callable
     files: dict[str, Callable[[], bytes]] = {}
     for t, d in enumerate(sched.demands):
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", d.name) if d.name else f"tenant{t}"
-        name = f"{stem}-{d.collective.value}.xml"
-        xml = to_xml(sched, t, dialect=args.dialect, instances=args.instances, proto=args.proto)
-        problems = validate(xml, args.dialect)
-        if problems:
-            raise ChoreoError(f"{name}: generated file breaks a runtime rule: {problems[0]}")
-        result = run(xml, root=d.root, dialect=args.dialect)
-        if not result.ok:
-            raise ChoreoError(f"{name}: generated file does not compute {d.collective.value}: "
-                              f"{result}")
-        files[name] = _const(xml.encode())
+        kinds = layout.file_kinds(d.collective, args.dialect)
+        for kind in kinds:
+            suffix = "-inplace" if kind == "in-place" and len(kinds) > 1 else ""
+            name = f"{stem}-{d.collective.value}{suffix}.xml"
+            xml = to_xml(sched, t, dialect=args.dialect, instances=args.instances,
+                         proto=args.proto, calls=kind)
+            problems = validate(xml, args.dialect)
+            if problems:
+                raise ChoreoError(f"{name}: generated file breaks a runtime rule: {problems[0]}")
+            result = run(xml, root=d.root, dialect=args.dialect)
+            if not result.ok:
+                raise ChoreoError(f"{name}: generated file does not compute "
+                                  f"{d.collective.value}: {result}")
+            files[name] = _const(xml.encode())
     return files
 
 

@@ -89,12 +89,10 @@ def run(xml_text: str, *, capacity: int = layout.FIFO_CHUNKS, root: int | None =
     if units.needs_piece_divisible and L % n:
         raise InputError(f"line {algo.line}: nchunksperloop={L} is not a multiple of "
                          f"ngpus={n}, which {algo.coll} needs")
-    which = detect_dialect(algo, dialect)
+    rt = layout.runtime(detect_dialect(algo, dialect))
     modes = []
-    if which == "legacy":
-        modes.append("out-of-place")
-        if algo.attrs.get("inplace") == "1":
-            modes.append("in-place")
+    if rt.legacy:  # ``inplace`` is compared with the call's kind; ``outofplace`` is not read
+        modes.append("in-place" if algo.attrs.get("inplace") == "1" else "out-of-place")
     else:
         if algo.attrs.get("outofplace") == "1":
             modes.append("out-of-place")
@@ -102,9 +100,21 @@ def run(xml_text: str, *, capacity: int = layout.FIFO_CHUNKS, root: int | None =
             modes.append("in-place")
     the_root = root if root is not None else _root(algo, coll)
     result = RunResult(algo.coll, n, modes)
+    result.errors.extend(_mis_stored(algo, rt))
+    if result.errors:  # the runtime would not run what the file says: nothing to compute
+        return result
     for mode in modes:
         _Machine(algo, units, the_root, mode == "in-place", capacity, result).execute()
     return result
+
+
+def _mis_stored(algo: Algo, rt: layout.Runtime) -> list[str]:
+    """Steps the runtime would store differently from what they say: a ``depid`` past its
+    int8_t wraps to another threadblock."""
+    return [f"line {st.line}: gpu {g.id} tb {tb.id} step {st.s}: depid={st.depid} does not fit "
+            f"the runtime's int8_t (at most {rt.max_depid}); it would wait on tb "
+            f"{(st.depid + 128) % 256 - 128}"
+            for g in algo.gpus for tb in g.tbs for st in tb.steps if st.depid > rt.max_depid]
 
 
 def _root(algo: Algo, coll: layout.Collective) -> int:

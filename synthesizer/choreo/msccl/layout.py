@@ -14,7 +14,6 @@ import numpy as np
 
 from choreo.collectives import Collective
 
-DIALECTS = ("executor", "legacy")
 PROTOCOLS = ("Simple", "LL", "LL128")
 
 EXECUTOR_COLL = {c: c.value for c in Collective}
@@ -37,24 +36,81 @@ LEGACY_SPELLINGS = frozenset(
 # Simple protocol, the smallest of the three, so a file that completes with it completes always.
 FIFO_CHUNKS = 2
 
-MAX_STEPS = {"executor": 64, "legacy": 256}
-MAX_TBS = {"executor": 1024, "legacy": 216}
-MAX_CHANNELS = 32
 MAX_PEERS_PER_CHANNEL = 32
 MAX_CNT = 71
-MAX_NODES = 4096  # executor parser: stored nodes per rank (algo + its gpu + tbs + steps)
 MAX_CHILDREN = 1024
 MAX_ATTRS = 16
 MAX_ATTR_LEN = 255
 MAX_LEGACY_NAME = 63
+MAX_LEGACY_ALGOS = 4
 LEGACY_DEFAULT_MAX_BYTES = 1 << 27
-# Legacy maxBytes is exclusive and 0 means "never": "no upper limit" is written as this value.
+# Legacy maxBytes is exclusive and 0 means "never"; a file without scratch that serves every
+# size up from its minimum is written with this upper end.
 LEGACY_UNLIMITED = 1 << 40
+# The legacy runtime allocates maxBytes * s_chunks / nchunksperloop bytes of scratch per rank
+# when the communicator is created, whatever the calls' sizes: a file's range is capped so
+# that this stays small (larger calls fall back to NCCL).
+LEGACY_SCRATCH_CAP = 1 << 30
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One MSCCL runtime as its loader counts: which XML ``format`` it reads (``executor`` or
+    ``legacy`` spelling and attribute rules) and the limits past which it fails to load or
+    mis-stores a file. Every number is read from that runtime's parser or kernel."""
+
+    name: str
+    format: str
+    title: str
+    max_steps: int  # steps per threadblock: ``s`` < this
+    max_tbs: int  # threadblocks per GPU
+    max_channels: int  # ``nchannels``
+    max_nodes: int = 4095  # XML nodes stored per rank; the parser fails on the 4096th
+    max_depid: int = 127  # ``depid`` is stored in an int8_t
+
+    @property
+    def legacy(self) -> bool:
+        return self.format == "legacy"
+
+
+RUNTIMES = {
+    "executor": Runtime("executor", "executor",
+                        "MSCCL executor in NCCL (Azure/msccl-executor-nccl, NCCL 2.23 fork)",
+                        max_steps=64, max_tbs=1024, max_channels=32),
+    "rccl": Runtime("rccl", "executor", "MSCCL executor in RCCL (ROCm)",
+                    max_steps=64, max_tbs=64, max_channels=128),
+    "legacy": Runtime("legacy", "legacy", "legacy MSCCL runtime (microsoft/msccl, NCCL 2.12 fork)",
+                      max_steps=256, max_tbs=216, max_channels=32),
+}
+DIALECTS = tuple(RUNTIMES)
+CALLS = ("both", "in-place", "out-of-place")
+
+
+def runtime(dialect: str) -> Runtime:
+    """The runtime profile a dialect name stands for; KeyError-free for callers that checked."""
+    return RUNTIMES[dialect]
+
+
+def file_kinds(coll: Collective, dialect: str) -> tuple[str, ...]:
+    """The kinds of call (``CALLS``) one file per kind must serve so that both in-place and
+    out-of-place calls of ``coll`` run choreo's schedule. The executor reads ``inplace`` and
+    ``outofplace`` as two switches, so one file serves both; legacy compares ``inplace`` with
+    the call's kind, so it needs one file for each. AllToAll runs out of place only."""
+    if not supports_inplace(coll):
+        return ("out-of-place",)
+    return ("in-place", "out-of-place") if runtime(dialect).legacy else ("both",)
+
+
+def max_buckets(coll: Collective, dialect: str) -> int | None:
+    """Size buckets one collective may have in ``dialect`` (legacy loads at most 4 files)."""
+    if not runtime(dialect).legacy:
+        return None
+    return MAX_LEGACY_ALGOS // len(file_kinds(coll, dialect))
 
 
 def coll_spelling(coll: Collective, dialect: str) -> str:
     """The ``coll`` attribute for ``dialect``; None-safe callers check support first."""
-    table = EXECUTOR_COLL if dialect == "executor" else LEGACY_COLL
+    table = LEGACY_COLL if runtime(dialect).legacy else EXECUTOR_COLL
     return table[coll]
 
 
@@ -69,7 +125,7 @@ def parse_coll(text: str) -> Collective | None:
 
 
 def supported(coll: Collective, dialect: str) -> bool:
-    return dialect == "executor" or coll in LEGACY_COLL
+    return not runtime(dialect).legacy or coll in LEGACY_COLL
 
 
 @dataclass(frozen=True)

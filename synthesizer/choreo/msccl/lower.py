@@ -38,12 +38,9 @@ from choreo.errors import InputError
 from choreo.msccl import layout
 from choreo.msccl.layout import (
     FIFO_CHUNKS,
-    MAX_CHANNELS,
     MAX_CNT,
-    MAX_NODES,
     MAX_PEERS_PER_CHANNEL,
-    MAX_STEPS,
-    MAX_TBS,
+    Runtime,
     chunk_units,
     input_index,
     output_index,
@@ -67,6 +64,7 @@ class Lowering:
     base_channels: int
     fused: int
     max_steps: int
+    max_bytes: int | None  # the inclusive upper end the file serves (None: unlimited)
 
     @cached_property
     def algo(self) -> Algo:
@@ -78,43 +76,67 @@ class Lowering:
 
 
 def check_options(dialect: str, instances: int, proto: str, min_bytes: int,
-                  max_bytes: int | None) -> None:
-    if dialect not in layout.DIALECTS:
+                  max_bytes: int | None) -> Runtime:
+    """The runtime profile of ``dialect``, once every option is known to be usable."""
+    if dialect not in layout.RUNTIMES:
         raise InputError(f"dialect: {dialect!r} is not one of {', '.join(layout.DIALECTS)}")
+    rt = layout.runtime(dialect)
     if proto not in layout.PROTOCOLS:
         raise InputError(f"proto: {proto!r} is not one of {', '.join(layout.PROTOCOLS)}")
-    if not isinstance(instances, int) or not 1 <= instances <= MAX_CHANNELS:
-        raise InputError(f"instances: must be in 1..{MAX_CHANNELS}, got {instances!r}")
+    if not isinstance(instances, int) or not 1 <= instances <= rt.max_channels:
+        raise InputError(f"instances: must be in 1..{rt.max_channels}, got {instances!r}")
     if min_bytes < 0:
         raise InputError(f"min_bytes: must be >= 0, got {min_bytes}")
     if max_bytes is not None and max_bytes < max(min_bytes, 1):
         raise InputError(f"max_bytes: must be >= max(min_bytes, 1), got {max_bytes}")
+    return rt
+
+
+def check_calls(calls: str | None, coll: Collective, rt: Runtime) -> str:
+    """The kind of call a file serves: as asked, or by default the last of ``file_kinds``
+    (both where one file can, else out of place)."""
+    kinds = layout.file_kinds(coll, rt.name)
+    if calls is None:
+        return kinds[-1]
+    if calls not in layout.CALLS:
+        raise InputError(f"calls: {calls!r} is not one of {', '.join(layout.CALLS)}")
+    if calls == "both" and rt.legacy:
+        raise InputError("calls: the legacy runtime uses a file only for calls whose kind "
+                         "equals its inplace attribute; write one file with calls='in-place' "
+                         "and one with calls='out-of-place' (bucket_files does)")
+    if calls != "out-of-place" and not layout.supports_inplace(coll):
+        raise InputError(f"calls: {coll.value} runs out of place only; got {calls!r}")
+    return calls
 
 
 def lower(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", instances: int = 1,
           proto: str = "Simple", min_bytes: int = 0, max_bytes: int | None = None,
-          name: str | None = None) -> Lowering:
-    """Build the MSCCL program of ``tenant``; InputError if the runtime could not run it."""
-    check_options(dialect, instances, proto, min_bytes, max_bytes)
+          name: str | None = None, calls: str | None = None) -> Lowering:
+    """Build the MSCCL program of ``tenant``; InputError if the runtime could not run it.
+
+    ``calls``: the kind of call the file serves (``layout.CALLS``; see ``check_calls``)."""
+    rt = check_options(dialect, instances, proto, min_bytes, max_bytes)
     if not 0 <= tenant < len(schedule.demands):
         raise InputError(f"tenant: {tenant} is not in 0..{len(schedule.demands) - 1}")
-    prog = _Program(schedule, tenant, dialect)
+    kind = check_calls(calls, schedule.demands[tenant].collective, rt)
+    prog = _Program(schedule, tenant, rt)
     if instances > 1 and prog.ranged:
         raise InputError(f"tenant {tenant}: transfers of several chunks need instances=1 "
                          f"(got {instances}); instances interleave the chunks")
-    return prog.run(instances, proto, min_bytes, max_bytes, name)
+    return prog.run(instances, proto, min_bytes, max_bytes, name, kind)
 
 
 class _Program:
     """Per-tenant analysis that does not depend on the channel plan, then assembly per plan."""
 
-    def __init__(self, schedule: Schedule, tenant: int, dialect: str) -> None:
-        self.dialect = dialect
+    def __init__(self, schedule: Schedule, tenant: int, rt: Runtime) -> None:
+        self.rt = rt
+        self.dialect = rt.name
         self.tenant = tenant
         d = schedule.demands[tenant]
         self.demand = d
         self.coll: Collective = d.collective
-        if not layout.supported(self.coll, dialect):
+        if not layout.supported(self.coll, rt.name):
             raise InputError(f"tenant {tenant}: the legacy runtime has no {self.coll.value} "
                              "collective; use the executor dialect")
         self.n, self.C, self.root = d.n, d.chunks, d.root
@@ -291,32 +313,50 @@ class _Program:
 
     # ---- the compiled passes ------------------------------------------------------------
     def run(self, instances: int, proto: str, min_bytes: int, max_bytes: int | None,
-            name: str | None) -> Lowering:
-        limit = MAX_STEPS[self.dialect]
+            name: str | None, calls: str) -> Lowering:
+        rt = self.rt
         units = layout.Units(self.coll, self.n, chunk_units(self.coll, self.n, self.C) * instances)
         L = np.asarray(self.L, dtype=np.int64)
         out = lower_tenant(
             self.n, self.src, self.dst, self.op == Op.REDUCE, self.count, self.chunk, L,
             self.pos, self.base, self.base_channels, self.reads_ptr, self.reads_atom,
             self.writes_ptr, self.writes_atom, self.atom_size, self.atom_in, self.atom_out,
-            self.coll.combining, *self.copies, self.first_epochs(limit), instances, limit,
-            MAX_CHANNELS, MAX_TBS[self.dialect],
-            MAX_NODES if self.dialect == "executor" else 0, FIFO_CHUNKS, MAX_CNT,
-            units.in_units, units.out_units)
+            self.coll.combining, *self.copies, self.first_epochs(rt.max_steps), instances,
+            rt.max_steps, rt.max_channels, rt.max_tbs, rt.max_nodes, rt.max_depid + 1,
+            FIFO_CHUNKS, MAX_CNT, units.in_units, units.out_units)
         error = out.get("error")
         if error in ("not_held", "split", "scattered"):
-            raise InputError(self._error(error, out["at"], instances, limit))
+            raise InputError(self._error(error, out["at"], instances))
         if self.missing:
             raise InputError(self.missing)
         if error is not None:
-            raise InputError(self._error(error, out["at"], instances, limit))
-        head = head_text(self._header(units, out["nchannels"], proto, min_bytes, max_bytes,
-                                      name), self._comment(instances))
+            raise InputError(self._error(error, out["at"], instances))
+        served = self._served(min_bytes, max_bytes, out["scratch"], units.L)
+        head = head_text(self._header(units, out["nchannels"], proto, min_bytes, served, name,
+                                      calls), self._comment(instances))
         return Lowering(f"{head}\n{out['text']}</algo>\n", out["epochs"], self.base_channels,
-                        out["fused"], out["max_steps"])
+                        out["fused"], out["max_steps"], served)
 
-    def _error(self, kind: str, at: list[int], instances: int, limit: int) -> str:
-        t = self.tenant
+    def _served(self, min_bytes: int, max_bytes: int | None, scratch: int, L: int) -> int | None:
+        """The upper end the file can serve. Legacy allocates ``maxBytes * s_chunks / L`` of
+        scratch per rank at communicator creation, so its range stops where that would pass
+        ``LEGACY_SCRATCH_CAP`` (larger calls run NCCL); it must still serve ``min_bytes``."""
+        if not self.rt.legacy:
+            return max_bytes
+        top = layout.LEGACY_UNLIMITED if max_bytes is None else max_bytes + 1  # exclusive
+        if scratch:
+            top = min(top, layout.LEGACY_SCRATCH_CAP * L // scratch)
+        if top <= min_bytes:
+            raise InputError(
+                f"tenant {self.tenant}: the legacy runtime allocates maxBytes * s_chunks / "
+                f"nchunksperloop of scratch per rank at communicator creation; with "
+                f"s_chunks={scratch} of nchunksperloop={L} even the range's first size "
+                f"{min_bytes} B would need more than {layout.LEGACY_SCRATCH_CAP >> 20} MiB; "
+                "use the executor dialect")
+        return top - 1
+
+    def _error(self, kind: str, at: list[int], instances: int) -> str:
+        t, rt = self.tenant, self.rt
         if kind == "not_held":
             x, g, a = at
             return (f"{self._name(x)}: rank {g} sends chunk {int(self.atom_lo[a])} before it "
@@ -330,23 +370,29 @@ class _Program:
             return (f"{self._name(at[0])}: its chunks lie in different places on one rank; a "
                     "range must be contiguous in one buffer")
         if kind == "channels":
-            return (f"tenant {t}: the {self.dialect} runtime allows {limit} steps per "
-                    f"threadblock; this schedule would need {at[0]} channels (> {MAX_CHANNELS}) "
-                    "to spill them; use fewer chunks or instances")
+            return (f"tenant {t}: the {rt.name} runtime allows {rt.max_steps} steps per "
+                    f"threadblock; this schedule would need {at[0]} channels "
+                    f"(> {rt.max_channels}) to spill them; use fewer chunks or instances")
         if kind == "threadblocks":
-            return (f"tenant {t}: rank {at[0]} needs {at[1]} threadblocks; the {self.dialect} "
-                    f"runtime allows {MAX_TBS[self.dialect]}")
+            return (f"tenant {t}: rank {at[0]} needs {at[1]} threadblocks; the {rt.name} "
+                    f"runtime allows {rt.max_tbs}")
         if kind == "nodes":
-            return (f"tenant {t}: rank {at[0]} needs {at[1]} XML nodes; the executor's parser "
-                    f"stores {MAX_NODES}; use fewer chunks or instances")
-        return f"tenant {t}: needs {at[0]} channels (> {MAX_CHANNELS}); use fewer instances"
+            return (f"tenant {t}: rank {at[0]} needs {at[1]} XML nodes (the <algo>, all "
+                    f"{self.n} <gpu> elements, its threadblocks and steps); the {rt.name} "
+                    f"runtime's parser stores {rt.max_nodes}; use fewer chunks or instances")
+        if kind == "dep_targets":
+            return (f"tenant {t}: rank {at[0]} has {at[1]} threadblocks that others wait on; "
+                    f"the {rt.name} runtime stores depid in an int8_t (at most "
+                    f"{rt.max_depid + 1} targets); use fewer instances or chunks")
+        return (f"tenant {t}: needs {at[0]} channels (> {rt.max_channels}); use fewer "
+                "instances")
 
     def _header(self, units: layout.Units, nchannels: int, proto: str, min_bytes: int,
-                max_bytes: int | None, name: str | None) -> dict[str, str]:
-        d, dialect = self.demand, self.dialect
+                max_bytes: int | None, name: str | None, calls: str) -> dict[str, str]:
+        d, rt = self.demand, self.rt
         default = f"choreo-{self.coll.value}-{self.n}r-{self.C}c"
         algo_name = (name or (f"{d.name}-{default}" if d.name else default))
-        if dialect == "legacy":
+        if rt.legacy:
             algo_name = algo_name[: layout.MAX_LEGACY_NAME]
             top = layout.LEGACY_UNLIMITED if max_bytes is None else max_bytes + 1
         else:
@@ -357,9 +403,9 @@ class _Program:
             "nchannels": str(nchannels),
             "nchunksperloop": str(units.L),
             "ngpus": str(self.n),
-            "coll": layout.coll_spelling(self.coll, dialect),
-            "inplace": str(int(layout.supports_inplace(self.coll))),
-            "outofplace": "1",
+            "coll": layout.coll_spelling(self.coll, rt.name),
+            "inplace": str(int(calls != "out-of-place")),
+            "outofplace": str(int(calls != "in-place")),
             "minBytes": str(min_bytes),
             "maxBytes": str(top),
         }

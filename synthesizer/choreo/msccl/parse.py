@@ -4,6 +4,11 @@ expat reports the line of every start tag, which ElementTree drops. Anything the
 parsers would reject at this level (declaration, unknown elements, missing or non-integer
 attributes, the attribute count and length limits) becomes a ``Violation`` with rule ``xml``,
 ``structure``, ``attr`` or ``limit``; the model is still built as far as it can be.
+
+The runtimes read XML with a hand-written tokenizer, not a conforming parser: only space,
+newline and carriage return separate nodes, one space separates attributes, a value is
+double-quoted right after ``=``, a tag ends on the line it starts, and a comment's first word
+is read as a tag name. What expat accepts but that tokenizer does not becomes rule ``token``.
 """
 
 from __future__ import annotations
@@ -12,11 +17,24 @@ import re
 import xml.parsers.expat
 from dataclasses import dataclass, field
 
-from choreo.msccl.layout import MAX_ATTR_LEN, MAX_ATTRS
+from choreo.msccl.layout import MAX_ATTR_LEN, MAX_ATTRS, RUNTIMES
 from choreo.msccl.violation import Violation
 from choreo.msccl.xmlmodel import STEP_ATTRS, Algo, Gpu, Step, Tb
 
 PARSE_RULES = frozenset({"xml", "structure", "attr"})
+_TOKEN_PROBLEMS = (
+    (re.compile(r"\t"), "a tab: the runtimes' tokenizer separates only by space, newline and "
+     "carriage return"),
+    (re.compile(r"<!--(?! )"), "'<!--' not followed by a space: the runtimes read the "
+     "comment's first word as a tag name"),
+    (re.compile(r"<(?!!--)[^>]*[\r\n]"), "a tag split across lines: the runtimes' tokenizer "
+     "expects every attribute and the closing '>' on the tag's own line"),
+    (re.compile(r"<(?!!--)[^>]*=\s*'"), "a single-quoted attribute value: the runtimes read "
+     "a value up to the next double quote"),
+    (re.compile(r"<(?!!--)[^>]*?(?:\s=|=\s)"), "spaces around '=': the runtimes expect "
+     "name=\"value\" with nothing between"),
+)
+MAX_TOKEN_REPORTS = 5  # per problem: one is enough to fix, a few show it is systematic
 _INT = re.compile(r"-?[0-9]+\Z")
 _CHILD = {"algo": "gpu", "gpu": "tb", "tb": "step"}
 _STEP_INTS = ("s", "srcoff", "dstoff", "cnt", "depid", "deps", "hasdep")
@@ -138,6 +156,21 @@ class _Reader:
             self.tb = None
 
 
+def token_violations(text: str) -> list[Violation]:
+    """What the runtimes' hand-written tokenizer rejects although the text is valid XML."""
+    out = []
+    if text.startswith("\ufeff"):
+        out.append(Violation(1, None, None, None, "token", "a UTF-8 byte order mark: the "
+                             "runtimes expect '<' as the first character"))
+    for pattern, message in _TOKEN_PROBLEMS:
+        for k, found in enumerate(pattern.finditer(text)):
+            if k == MAX_TOKEN_REPORTS:
+                break
+            line = text.count("\n", 0, found.end() - 1) + 1
+            out.append(Violation(line, None, None, None, "token", message))
+    return out
+
+
 def parse(text: str) -> Parsed:
     """Parse MSCCL XML text; malformed XML yields a single ``xml`` violation with its line."""
     reader = _Reader()
@@ -176,4 +209,4 @@ def detect_dialect(algo: Algo, given: str | None = None) -> str:
     if coll in ("reducescatter", "gather", "scatter", "send", "recv", "alltoallv"):
         return "executor"
     hinted = comment_fields(algo).get("dialect")
-    return hinted if hinted in ("executor", "legacy") else "executor"
+    return hinted if hinted in RUNTIMES else "executor"

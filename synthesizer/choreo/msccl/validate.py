@@ -1,10 +1,11 @@
 """Check an MSCCL XML file against every parser and structural rule of the two runtimes.
 
 Each broken rule is one ``Violation`` with the line, gpu, threadblock and step it concerns.
-Rules (``Violation.rule``): xml, structure, attr, limit (reading); algo, range, gpu, buffer,
-nchunksperloop (header and buffers); tb, peer, chan (threadblocks); step, type, cnt, offset,
-send, recv, dep, hasdep, nop, input (steps); match, order (the two ends of each connection);
-cycle (a wait cycle: the file hangs).
+Rules (``Violation.rule``): xml, structure, attr, limit, token (reading); algo, range,
+scratch, gpu, buffer, nchunksperloop (header and buffers); tb, peer, chan (threadblocks); step,
+type, cnt, offset, send, recv, dep, hasdep, nop, input (steps); match, order (the two ends of
+each connection); cycle (a wait cycle: the file hangs). Limits are those of the runtime the
+dialect names (``layout.RUNTIMES``), counted as its loader counts them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from choreo.msccl import layout
-from choreo.msccl.parse import detect_dialect, parse
+from choreo.msccl.parse import detect_dialect, parse, token_violations
 from choreo.msccl.violation import Violation
 from choreo.msccl.xmlmodel import (
     BUFFERS,
@@ -31,10 +32,10 @@ from choreo.msccl.xmlmodel import (
 )
 
 _INT = re.compile(r"-?[0-9]+\Z")
-_REQUIRED = {
+_REQUIRED = {  # per XML format
     "executor": ("proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace",
                  "outofplace", "minBytes", "maxBytes"),
-    "legacy": ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll"),
+    "legacy": ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace"),
 }
 _STORES = frozenset({"r", "rcs", "rrc", "rrcs"})
 
@@ -52,7 +53,7 @@ def validate(xml_text: str, dialect: str | None = None, *,
     """All violations, sorted by line. ``partial``: a per-node split file holding only some
     ``<gpu>`` elements (default: detected from choreo's comment)."""
     parsed = parse(xml_text)
-    out = list(parsed.violations)
+    out = list(parsed.violations) + token_violations(xml_text)
     algo = parsed.algo
     if algo is not None:
         if dialect is not None and dialect not in layout.DIALECTS:
@@ -69,6 +70,8 @@ def validate(xml_text: str, dialect: str | None = None, *,
 class _Checker:
     def __init__(self, algo: Algo, dialect: str, partial: bool, out: list[Violation]) -> None:
         self.algo, self.dialect, self.partial, self.out = algo, dialect, partial, out
+        self.rt = layout.runtime(dialect)
+        self.format = self.rt.format
         self.n = algo.ngpus
         self.coll = layout.parse_coll(algo.coll)
 
@@ -85,7 +88,7 @@ class _Checker:
     # ---- <algo> -------------------------------------------------------------------------
     def header(self) -> None:
         a, line, d = self.algo.attrs, self.algo.line, self.dialect
-        for key in _REQUIRED[d]:
+        for key in _REQUIRED[self.format]:
             if key not in a:
                 self.bad(line, "algo", f"<algo> lacks {key!r}, which the {d} parser requires")
         for key in ("nchannels", "nchunksperloop", "ngpus", "minBytes", "maxBytes", "inplace",
@@ -95,7 +98,7 @@ class _Checker:
         if "proto" in a and a["proto"] not in layout.PROTOCOLS:
             self.bad(line, "algo", f"proto={a['proto']!r} is not one of "
                      f"{', '.join(layout.PROTOCOLS)}")
-        spellings = layout.EXECUTOR_SPELLINGS if d == "executor" else layout.LEGACY_SPELLINGS
+        spellings = layout.LEGACY_SPELLINGS if self.rt.legacy else layout.EXECUTOR_SPELLINGS
         if "coll" in a and a["coll"] not in spellings:
             hint = {"reduce_scatter": " (the executor spells it reducescatter)",
                     "reducescatter": " (legacy spells it reduce_scatter)"}.get(a["coll"], "")
@@ -103,14 +106,15 @@ class _Checker:
         for key in ("inplace", "outofplace"):
             if key in a and a[key] not in ("0", "1"):
                 self.bad(line, "algo", f"{key}={a[key]!r} must be 0 or 1")
-        if d == "legacy" and len(a.get("name", "")) > layout.MAX_LEGACY_NAME:
+        if self.rt.legacy and len(a.get("name", "")) > layout.MAX_LEGACY_NAME:
             self.bad(line, "algo", f"name is {len(a['name'])} characters; legacy keeps at most "
                      f"{layout.MAX_LEGACY_NAME}")
         if "nthreads" in a and _INT.match(a["nthreads"]) and int(a["nthreads"]) % 32:
             self.bad(line, "algo", f"nthreads={a['nthreads']} is not a multiple of 32")
         nch = self.algo.int_attr("nchannels")
-        if not 1 <= nch <= layout.MAX_CHANNELS:
-            self.bad(line, "algo", f"nchannels={nch} must be in 1..{layout.MAX_CHANNELS}")
+        if not 1 <= nch <= self.rt.max_channels:
+            self.bad(line, "algo", f"nchannels={nch} must be in 1..{self.rt.max_channels} "
+                     f"({d} runtime)")
         if self.n < 1:
             self.bad(line, "algo", f"ngpus={self.n} must be positive")
         L = self.algo.nchunksperloop
@@ -122,6 +126,7 @@ class _Checker:
                 self.bad(line, "nchunksperloop", f"nchunksperloop={L} is not a multiple of "
                          f"ngpus={self.n}, as {a.get('coll')} needs (one piece per rank)")
         self.byte_range(a, line)
+        self.scratch()
         if self.algo.ngpus > layout.MAX_CHILDREN:
             self.bad(line, "limit", f"{self.n} <gpu> children; the parser keeps "
                      f"{layout.MAX_CHILDREN}")
@@ -129,10 +134,10 @@ class _Checker:
     def byte_range(self, a: dict[str, str], line: int) -> None:
         lo = self.algo.int_attr("minBytes", 0)
         hi = self.algo.int_attr("maxBytes", layout.LEGACY_DEFAULT_MAX_BYTES
-                                if self.dialect == "legacy" else 0)
+                                if self.rt.legacy else 0)
         if lo < 0 or hi < 0:
             self.bad(line, "range", "minBytes and maxBytes must not be negative")
-        elif self.dialect == "executor":
+        elif not self.rt.legacy:
             if hi and hi < lo:
                 self.bad(line, "range", f"maxBytes={hi} < minBytes={lo}: no size selects this "
                          "algorithm (executor ranges are inclusive; 0 means unlimited)")
@@ -142,6 +147,23 @@ class _Checker:
         elif hi <= lo:
             self.bad(line, "range", f"maxBytes={hi} <= minBytes={lo}: no size selects this "
                      "algorithm (legacy maxBytes is exclusive)")
+
+    def scratch(self) -> None:
+        """Legacy allocates ``maxBytes * s_chunks / nchunksperloop`` bytes of scratch per rank
+        when the communicator is created, whatever the calls' sizes."""
+        L = self.algo.nchunksperloop
+        if not self.rt.legacy or L < 1:
+            return
+        hi = self.algo.int_attr("maxBytes", layout.LEGACY_DEFAULT_MAX_BYTES)
+        for g in self.algo.gpus:
+            need = hi * g.s_chunks // L
+            if need > layout.LEGACY_SCRATCH_CAP:
+                self.bad(g.line, "scratch", f"maxBytes={hi} with s_chunks={g.s_chunks} of "
+                         f"nchunksperloop={L}: the legacy runtime allocates {need / 2**30:.1f} "
+                         f"GiB of scratch on this rank at communicator creation (choreo's "
+                         f"limit {layout.LEGACY_SCRATCH_CAP >> 20} MiB; beyond the GPU's "
+                         "memory creation fails); lower maxBytes", g.id)
+                return
 
     # ---- <gpu>, <tb>, <step> ----------------------------------------------------------------
     def gpus(self) -> None:
@@ -167,7 +189,7 @@ class _Checker:
                 units: layout.Units) -> None:
         coll = self.algo.coll
         for buf, have, want in (("i", i_chunks, units.in_units), ("o", o_chunks, units.out_units)):
-            if self.dialect == "legacy" and have != want:
+            if self.rt.legacy and have != want:
                 m = units.n if want != units.L else 1
                 self.bad(line, "buffer", f"{buf}_chunks={have}: legacy requires {buf}_chunks * "
                          f"{m} == nchunksperloop ({units.L}) for {coll}", gid)
@@ -177,14 +199,16 @@ class _Checker:
                          f"(nchunksperloop={units.L})", gid)
 
     def threadblocks(self, g: Gpu) -> None:
-        d, n = self.dialect, self.n
-        if len(g.tbs) > layout.MAX_TBS[d]:
+        d, n, rt = self.dialect, self.n, self.rt
+        if len(g.tbs) > rt.max_tbs:
             self.bad(g.line, "tb", f"{len(g.tbs)} threadblocks; the {d} runtime allows "
-                     f"{layout.MAX_TBS[d]}", g.id)
-        nodes = 2 + len(g.tbs) + sum(len(tb.steps) for tb in g.tbs)
-        if d == "executor" and nodes > layout.MAX_NODES:
-            self.bad(g.line, "limit", f"{nodes} XML nodes for this rank; the executor's parser "
-                     f"stores {layout.MAX_NODES}", g.id)
+                     f"{rt.max_tbs}", g.id)
+        # The parser stores the <algo>, every <gpu> of the file and this rank's elements.
+        nodes = 1 + len(self.algo.gpus) + len(g.tbs) + sum(len(tb.steps) for tb in g.tbs)
+        if nodes > rt.max_nodes:
+            self.bad(g.line, "limit", f"{nodes} XML nodes for this rank (the <algo>, "
+                     f"{len(self.algo.gpus)} <gpu>, its threadblocks and steps); the {d} "
+                     f"runtime's parser stores {rt.max_nodes}", g.id)
         owners: dict[tuple[str, int, int], int] = {}
         peers: dict[tuple[str, int], set[int]] = defaultdict(set)
         nch = self.algo.int_attr("nchannels")
@@ -208,9 +232,9 @@ class _Checker:
                              "needs exactly one threadblock", g.id, tb.id)
                 owners[key] = tb.id
                 peers[(kind, tb.chan)].add(peer)
-            if not 0 <= tb.chan < min(max(nch, 1), layout.MAX_CHANNELS):
-                self.bad(tb.line, "chan", f"chan={tb.chan} must be in 0..{min(nch, 32) - 1} "
-                         f"(nchannels={nch})", g.id, tb.id)
+            if not 0 <= tb.chan < min(max(nch, 1), rt.max_channels):
+                self.bad(tb.line, "chan", f"chan={tb.chan} must be in "
+                         f"0..{min(nch, rt.max_channels) - 1} (nchannels={nch})", g.id, tb.id)
             if len(tb.steps) > layout.MAX_CHILDREN:
                 self.bad(tb.line, "limit", f"{len(tb.steps)} steps; the parser keeps "
                          f"{layout.MAX_CHILDREN} children", g.id, tb.id)
@@ -234,9 +258,9 @@ class _Checker:
 
     def steps(self, g: Gpu, tb: Tb, by_id: dict[int, Tb],
               depended: dict[tuple[int, int], int]) -> None:
-        d = self.dialect
-        writes_input_bad = (self.algo.attrs.get("outofplace") == "1" if d == "executor"
-                            else self.algo.attrs.get("inplace", "0") == "0")
+        d, limit = self.dialect, self.rt.max_steps
+        writes_input_bad = (self.algo.attrs.get("inplace", "0") == "0" if self.rt.legacy
+                            else self.algo.attrs.get("outofplace") == "1")
         last = len(tb.steps) - 1
         for pos, st in enumerate(tb.steps):
             def bad(rule: str, msg: str, st: Step = st) -> None:
@@ -245,9 +269,8 @@ class _Checker:
             if st.s != pos:
                 bad("step", f"s={st.s} but this is step {pos} of the threadblock (s counts every "
                     "step, nops included, in document order)")
-            if pos >= layout.MAX_STEPS[d]:
-                bad("step", f"step {pos}: the {d} runtime allows {layout.MAX_STEPS[d]} steps per "
-                    "threadblock")
+            if pos >= limit:
+                bad("step", f"step {pos}: the {d} runtime allows {limit} steps per threadblock")
             if st.type not in STEP_TYPES:
                 bad("type", f"type={st.type!r} is not one of {', '.join(STEP_TYPES)}")
                 continue
@@ -295,7 +318,11 @@ class _Checker:
             bad("dep", f"depid={st.depid} deps={st.deps}: both must be -1 or both >= 0")
             return
         target = by_id.get(st.depid)
-        if target is None:
+        if st.depid > self.rt.max_depid:
+            bad("dep", f"depid={st.depid}: the runtimes store depid in an int8_t, so it wraps "
+                f"to {(st.depid + 128) % 256 - 128} and the step waits on the wrong "
+                f"threadblock (at most {self.rt.max_depid})")
+        elif target is None:
             bad("dep", f"depid={st.depid} is not a threadblock of gpu {g.id}")
         elif st.depid == tb.id:
             bad("dep", "depends on its own threadblock (steps already run in order; a later "

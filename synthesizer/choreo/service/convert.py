@@ -22,7 +22,7 @@ from choreo.topology import LINK_KINDS, Link, NodeKind, Topology
 
 ENGINES = ("greedy", "auto", "milp", "lp")  # as choreo.portfolio has them
 DEFAULT_ENGINE_SECONDS = 10.0  # budget of a request's exact/portfolio solves without a hint
-DIALECTS = ("executor", "legacy")  # as the MSCCL lowering has them (a test keeps them equal)
+DIALECTS = ("executor", "rccl", "legacy")  # as the MSCCL lowering has them (a test checks)
 PROTOCOLS = ("Simple", "LL", "LL128")
 DEFAULT_RESTARTS = 4
 MAX_RESTARTS = 64

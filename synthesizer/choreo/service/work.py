@@ -26,6 +26,7 @@ from choreo.collectives import Demand
 from choreo.errors import InfeasibleError, InputError
 from choreo.hierarchy import applies, slices_for
 from choreo.msccl.buckets import BucketFile, plan_files
+from choreo.msccl.layout import max_buckets
 from choreo.report import evaluate
 from choreo.schedule import Schedule
 from choreo.service.api import pb
@@ -83,10 +84,14 @@ class _Encode:
     file: BucketFile
     gzip: bool
 
-    def run(self) -> str | bytes:
-        xml = self.file.xml()
+    def run(self) -> tuple[str | bytes, int | None]:
+        """The file's body and the upper end of the range it serves (legacy files stop where
+        their scratch would grow too large)."""
+        done = self.file.lowering()
         # Level 1: a ninth of the text on the wire, at a quarter of level 6's time.
-        return gzip.compress(xml.encode(), compresslevel=1, mtime=0) if self.gzip else xml
+        body = (gzip.compress(done.text.encode(), compresslevel=1, mtime=0) if self.gzip
+                else done.text)
+        return body, done.max_bytes
 
 
 Task = _Solve | _Judge | _Encode
@@ -148,14 +153,15 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
             res = out.collectives.add(collective=c.collective.value)
             # The lowering names files after the tenant; keep a tenant's collectives apart.
             prefix = f"{j}-{c.collective.value}-" if len(t.collectives) > 1 else ""
-            for b, (s, f) in enumerate(zip(solved[(i, j)], files[(i, j)], strict=True)):
+            for b, f in enumerate(files[(i, j)]):
+                s = solved[(i, j)][f.bucket]
                 predictions, verification = judged[s.round]
+                body, served = _lowered(encoded[((i, j), b)], f"tenants[{i}].collectives[{j}]")
                 bucket = res.buckets.add(
-                    min_bytes=s.bucket.lo, max_bytes=s.bucket.hi,
+                    min_bytes=s.bucket.lo, max_bytes=s.bucket.hi if served is None else served,
                     representative_bytes=s.bucket.size, chunks=s.bucket.chunks,
                     file_name=prefix + f.name, prediction=pb.Prediction(**predictions[s.member]),
                     verification=pb.Verification(**verification), engine=s.schedule.engine)
-                body = _lowered(encoded[((i, j), b)], f"tenants[{i}].collectives[{j}]")
                 if isinstance(body, bytes):
                     bucket.xml_gzip = body
                 else:
@@ -231,12 +237,13 @@ def _cost(task: Task) -> float:
     return float(task.schedule.count.sum())
 
 
-def _lowered(body: Any, where: str) -> str | bytes:
+def _lowered(result: Any, where: str) -> tuple[str | bytes, int | None]:
     """A lowering's result; a schedule the runtime could not run (too many steps for the
     channels, a collective the dialect lacks) is the request's fault."""
-    if isinstance(body, InputError):
-        raise invalid(where, f"cannot be lowered to MSCCL: {body}")
-    return body
+    if isinstance(result, InputError):
+        raise invalid(where, f"cannot be lowered to MSCCL: {result}")
+    body, served = result
+    return body, served
 
 
 def _solve(work: Work, demands: list[Demand], rounds: int) -> Schedule:
@@ -261,8 +268,12 @@ def _hierarchical(work: Work, t: TenantSpec, j: int) -> bool:
 def _buckets(work: Work, t: TenantSpec, j: int) -> int:
     """The hierarchical plan's program has the same steps at every size (only its slices
     change), so one file serves the whole range; that keeps a 1000-GPU tenant's
-    resynthesis to one solve, one check and one lowering."""
-    return 1 if _hierarchical(work, t, j) else work.options.max_buckets
+    resynthesis to one solve, one check and one lowering. The legacy runtime loads at most
+    four files, two per bucket where it needs in-place and out-of-place ones."""
+    if _hierarchical(work, t, j):
+        return 1
+    most = max_buckets(t.collectives[j].collective, work.options.dialect)
+    return work.options.max_buckets if most is None else min(most, work.options.max_buckets)
 
 
 def _chunker(work: Work, t: TenantSpec, j: int) -> Callable[[int], int]:
@@ -284,6 +295,6 @@ def _files(solved: list[_Solved], work: Work, where: str) -> list[BucketFile]:
                            instances=opts.instances, proto=opts.proto)
     except InputError as err:
         raise invalid(where, f"cannot be lowered to MSCCL: {err}") from None
-    if len(files) != len(solved):
+    if {f.bucket for f in files} != set(range(len(solved))):
         raise RuntimeError(f"{where}: {len(files)} MSCCL files for {len(solved)} buckets")
     return files

@@ -42,7 +42,11 @@ pub struct Input<'a> {
     pub max_steps: i64,
     pub max_channels: i64,
     pub max_tbs: usize,
-    pub max_nodes: usize, // 0: no limit
+    /// XML nodes the runtime's parser stores per rank (the `<algo>`, every `<gpu>` of the
+    /// file, and the rank's threadblocks and steps); 0: no limit
+    pub max_nodes: usize,
+    /// Threadblocks a `depid` can name (it is stored in an `int8_t`)
+    pub max_dep_targets: usize,
     pub fifo_chunks: usize,
     pub max_cnt: i64,
     pub in_units: i64,
@@ -64,6 +68,8 @@ pub enum LowerError {
     Threadblocks(i64, usize),
     /// (rank, XML nodes)
     Nodes(i64, usize),
+    /// (rank, threadblocks other threadblocks wait on)
+    DepTargets(i64, usize),
     /// channels used after instances
     TooManyChannels(i64),
 }
@@ -74,6 +80,8 @@ pub struct Output {
     pub fused: usize,
     pub max_steps: i64,
     pub nchannels: i64,
+    /// The largest `s_chunks` of any rank
+    pub scratch: i64,
 }
 
 #[derive(Clone)]
@@ -557,10 +565,27 @@ fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<(String, i64), LowerErr
             }
             s_of.push(idx);
         }
+        // Threadblocks others wait on come first, so every depid stays below the runtimes'
+        // int8_t limit as long as there are few enough of them.
+        let mut target = vec![false; plans.len()];
+        for &(tt, _) in &hasdep {
+            target[tt] = true;
+        }
+        let targets = target.iter().filter(|&&x| x).count() * i_n as usize;
+        if targets > inp.max_dep_targets {
+            return Err(LowerError::DepTargets(g as i64, targets));
+        }
+        let mut order: Vec<usize> = (0..plans.len()).filter(|&ti| target[ti]).collect();
+        order.extend((0..plans.len()).filter(|&ti| !target[ti]));
+        let mut first_id = vec![0i64; plans.len()];
+        for (k, &ti) in order.iter().enumerate() {
+            first_id[ti] = k as i64 * i_n;
+        }
         let mut body = String::new();
         let mut tb_count = 0;
         let mut step_count = 0;
-        for (ti, p) in plans.iter().enumerate() {
+        for &ti in &order {
+            let p = &plans[ti];
             let mut steps: Vec<Step> = Vec::new();
             for (k, op) in p.ops.iter().enumerate() {
                 let keep = &waits[ti][k];
@@ -608,13 +633,13 @@ fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<(String, i64), LowerErr
                 let _ = write!(
                     body,
                     "\n    <tb id=\"{}\" send=\"{}\" recv=\"{}\" chan=\"{}\">",
-                    ti as i64 * i_n + u,
+                    first_id[ti] + u,
                     p.send,
                     p.recv,
                     chan
                 );
                 for (s, st) in steps.iter().enumerate() {
-                    let depid = if st.depid >= 0 { st.depid * i_n + u } else { -1 };
+                    let depid = if st.depid >= 0 { first_id[st.depid as usize] + u } else { -1 };
                     let _ = write!(
                         body,
                         "\n      <step s=\"{}\" type=\"{}\" srcbuf=\"{}\" srcoff=\"{}\" dstbuf=\"{}\" \
@@ -637,7 +662,7 @@ fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<(String, i64), LowerErr
         if tb_count > inp.max_tbs {
             return Err(LowerError::Threadblocks(g as i64, tb_count));
         }
-        let nodes = 2 + tb_count + step_count;
+        let nodes = 1 + inp.n + tb_count + step_count;
         if inp.max_nodes > 0 && nodes > inp.max_nodes {
             return Err(LowerError::Nodes(g as i64, nodes));
         }
@@ -660,6 +685,11 @@ fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<(String, i64), LowerErr
     Ok((text, nchannels))
 }
 
+/// The largest scratch buffer of any rank, in the file's units.
+fn max_scratch(inp: &Input, h: &Hazards) -> i64 {
+    h.scratch.iter().max().copied().unwrap_or(0) * inp.instances
+}
+
 /// Lower one tenant: the `<gpu>` elements (each line ended by a newline) and the plan's facts.
 pub fn lower(inp: &Input) -> Result<Output, LowerError> {
     let h = hazards(inp)?;
@@ -676,7 +706,8 @@ pub fn lower(inp: &Input) -> Result<Output, LowerError> {
         epochs = (epochs + 1).max(grown as i64);
     };
     let (text, nchannels) = emit(inp, &h, &plan)?;
-    Ok(Output { text, epochs, fused: plan.fused, max_steps: plan.max_steps, nchannels })
+    let scratch = max_scratch(inp, &h);
+    Ok(Output { text, epochs, fused: plan.fused, max_steps: plan.max_steps, nchannels, scratch })
 }
 
 #[cfg(test)]
@@ -711,7 +742,8 @@ mod tests {
             max_steps: 64,
             max_channels: 32,
             max_tbs: 1024,
-            max_nodes: 4096,
+            max_nodes: 4095,
+            max_dep_targets: 128,
             fifo_chunks: 2,
             max_cnt: 71,
             in_units: 1,

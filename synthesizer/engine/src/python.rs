@@ -87,7 +87,7 @@ fn greedy<'py>(
     n, src, dst, reduce, count, chunk, order, pos, base, base_channels,
     reads_ptr, reads_atom, writes_ptr, writes_atom, atom_size, atom_in, atom_out, combining,
     copy_rank, copy_in, copy_out, first_epochs, instances, max_steps, max_channels, max_tbs,
-    max_nodes, fifo_chunks, max_cnt, in_units, out_units
+    max_nodes, max_dep_targets, fifo_chunks, max_cnt, in_units, out_units
 ))]
 #[allow(clippy::too_many_arguments)]
 fn lower_tenant<'py>(
@@ -119,6 +119,7 @@ fn lower_tenant<'py>(
     max_channels: i64,
     max_tbs: usize,
     max_nodes: usize,
+    max_dep_targets: usize,
     fifo_chunks: usize,
     max_cnt: i64,
     in_units: i64,
@@ -146,8 +147,8 @@ fn lower_tenant<'py>(
         pos: &pos, base: &base, base_channels, reads_ptr: &reads_ptr, reads_atom: &reads_atom,
         writes_ptr: &writes_ptr, writes_atom: &writes_atom, atom_size: &atom_size,
         atom_in: &atom_in, atom_out: &atom_out, combining, copies: &copies, first_epochs,
-        instances, max_steps, max_channels, max_tbs, max_nodes, fifo_chunks, max_cnt, in_units,
-        out_units,
+        instances, max_steps, max_channels, max_tbs, max_nodes, max_dep_targets, fifo_chunks,
+        max_cnt, in_units, out_units,
     };
     let result = py.detach(|| lowering::lower(&input));
     let out = PyDict::new(py);
@@ -158,6 +159,7 @@ fn lower_tenant<'py>(
             out.set_item("fused", o.fused)?;
             out.set_item("max_steps", o.max_steps)?;
             out.set_item("nchannels", o.nchannels)?;
+            out.set_item("scratch", o.scratch)?;
         }
         Err(e) => {
             let (kind, at): (&str, Vec<i64>) = match e {
@@ -167,6 +169,7 @@ fn lower_tenant<'py>(
                 LowerError::Channels(c) => ("channels", vec![c]),
                 LowerError::Threadblocks(g, k) => ("threadblocks", vec![g, k as i64]),
                 LowerError::Nodes(g, k) => ("nodes", vec![g, k as i64]),
+                LowerError::DepTargets(g, k) => ("dep_targets", vec![g, k as i64]),
                 LowerError::TooManyChannels(c) => ("too_many_channels", vec![c]),
             };
             out.set_item("error", kind)?;
