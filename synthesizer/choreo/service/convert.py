@@ -123,7 +123,8 @@ def fabric_from_proto(msg: pb.FabricSnapshot) -> Topology:
     if any(d < 1 for d in msg.dims):
         raise invalid("fabric.dims", "every dimension must be at least 1")
     topo = Topology(name=msg.name or "fabric", kinds=tuple(kinds), links=tuple(links),
-                    failed=frozenset(msg.failed_nodes), names=names, dims=tuple(msg.dims))
+                    failed=frozenset(msg.failed_nodes), names=names, dims=tuple(msg.dims),
+                    reducing=frozenset(i for i, node in enumerate(msg.nodes) if node.reduces))
     try:
         topo.validate("fabric")
     except InputError as err:
@@ -135,7 +136,7 @@ def fabric_to_proto(topo: Topology) -> pb.FabricSnapshot:
     msg = pb.FabricSnapshot(name=topo.name, failed_nodes=sorted(topo.failed), dims=topo.dims)
     for i, kind in enumerate(topo.kinds):
         msg.nodes.add(kind=pb.Node.SWITCH if kind is NodeKind.SWITCH else pb.Node.NPU,
-                      name=topo.names[i] if topo.names else "")
+                      name=topo.names[i] if topo.names else "", reduces=i in topo.reducing)
     for lk in topo.links:
         out = msg.links.add(src=lk.src, dst=lk.dst, alpha_seconds=lk.alpha,
                             bandwidth_bytes_per_second=lk.bandwidth, kind=lk.kind)
