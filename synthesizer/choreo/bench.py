@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from choreo.benchtable import Row, exit_code, print_rows, write_json
+from choreo.report import textbook_label
 
 GIB = 1 << 30
 
@@ -184,7 +185,7 @@ def _table_v_rows(quick: bool) -> list[Row]:
             continue
         r = _in_child(_synth_case, f"3d-rfs-{n}", "allreduce", GIB, None, 4, True)
         for baseline, ratio in zip(TABLE_V_BASELINES, paper, strict=True):
-            ours = r["baselines"].get(baseline, float("nan")) / r["time"]
+            ours = r["baselines"].get(textbook_label(baseline), float("nan")) / r["time"]
             rows.append(
                 Row(
                     f"3d-rfs-{n} allreduce: {baseline} / choreo",

@@ -24,7 +24,7 @@ from rich.table import Table
 from choreo.collectives import Collective, Demand, parse_size
 from choreo.errors import ChoreoError, InputError
 from choreo.msccl import cli as msccl_cli
-from choreo.report import Evaluation, evaluate
+from choreo.report import NCCL, Evaluation, TenantResult, evaluate
 from choreo.schedule import Schedule
 from choreo.service import cli as service_cli
 from choreo.topology import Topology
@@ -255,15 +255,26 @@ def print_evaluation(ev: Evaluation, seconds: float | None = None) -> None:
         factor = t.busbw / t.algbw if t.algbw else 1.0
         table.add_row("[bold]choreo[/]", _fmt_time(t.time), f"{t.algbw / 1e9:.1f}",
                       f"{t.busbw / 1e9:.1f}", "1.00x")
+        if NCCL in t.baselines:
+            table.add_row("NCCL model", *_versus(t, t.baselines[NCCL], factor))
         table.add_row("lower bound", _fmt_time(t.bound), f"{t.size / t.bound / 1e9:.1f}",
                       f"{factor * t.size / t.bound / 1e9:.1f}",
                       f"choreo at {t.fraction_of_bound:.1%}")
         for name, bt in sorted(t.baselines.items(), key=lambda kv: kv[1]):
-            table.add_row(name, _fmt_time(bt), f"{t.size / bt / 1e9:.1f}",
-                          f"{factor * t.size / bt / 1e9:.1f}", f"{bt / t.time:.2f}x slower"
-                          if bt >= t.time else f"{t.time / bt:.2f}x faster")
+            if name != NCCL:
+                table.add_row(escape(name), *_versus(t, bt, factor))
         console.print(table)
+        vs = t.speedup(NCCL)
+        if vs is not None:
+            console.print(f"  vs NCCL ({escape(t.nccl_choice)}): {vs:.2f}x" + (
+                "" if vs >= 1 else " (slower: NCCL's own algorithm is the better choice here)"))
         console.print(f"  bound: {escape(t.bound_kind)}")
+
+
+def _versus(t: TenantResult, other: float, factor: float) -> tuple[str, str, str, str]:
+    """time, algbw, busbw and the ratio to choreo of another algorithm's run."""
+    return (_fmt_time(other), f"{t.size / other / 1e9:.1f}", f"{factor * t.size / other / 1e9:.1f}",
+            f"{other / t.time:.2f}x slower" if other >= t.time else f"{t.time / other:.2f}x faster")
 
 
 # ---- other commands --------------------------------------------------------------------------

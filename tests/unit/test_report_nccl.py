@@ -1,0 +1,44 @@
+"""Reports lead with NCCL as it runs: ``baselines.nccl``, ``nccl_choice`` and ``speedup.nccl``
+in every tenant's summary, textbook single-channel algorithms named for what they are."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from choreo.cli import main
+from choreo.collectives import Collective, Demand
+from choreo.generators import build
+from choreo.nccl.model import nccl_baseline
+from choreo.report import NCCL, evaluate
+from choreo.synth import SynthOptions, synthesize
+
+
+def test_summary_names_nccl_and_its_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                           ) -> None:
+    assert main(["synthesize", "-t", "dgx-h100-2", "-c", "allgather", "-s", "256MiB",
+                 "--out", str(tmp_path)]) == 0
+    [tenant] = json.loads((tmp_path / "summary.json").read_text())["tenants"]
+    fabric = build("dgx-h100-2")
+    nccl = nccl_baseline(fabric, Demand(Collective.ALLGATHER, tuple(fabric.npus), 256 << 20))
+    assert tenant["baselines"][NCCL] == pytest.approx(nccl.seconds)
+    assert tenant["nccl_choice"].startswith(nccl.choice)
+    assert tenant["speedup"][NCCL] == pytest.approx(nccl.seconds / tenant["time"])
+    textbook = set(tenant["baselines"]) - {NCCL}
+    assert textbook and all(name.endswith("-1ch") for name in textbook)
+    out = capsys.readouterr().out
+    assert "NCCL model" in out and f"vs NCCL ({nccl.choice}" in out
+
+
+def test_best_textbook_baseline_leaves_nccl_out() -> None:
+    fabric = build("dgx-h100-1")
+    demand = Demand(Collective.ALLREDUCE, tuple(fabric.npus), 1 << 30, 8)
+    [t] = evaluate(synthesize(fabric, [demand], SynthOptions(restarts=1))).tenants
+    assert t.nccl_choice.startswith("nvls/")  # one NVSwitch node: NCCL runs NVLS
+    best = t.best_baseline
+    assert best is not None and best[0] != NCCL
+    # NVLS reduces in the switch: it beats choreo's point-to-point schedule on one node, and
+    # the bound (which allows in-switch reduction) stays below both
+    assert t.baselines[NCCL] < t.time and t.bound <= t.baselines[NCCL]
