@@ -208,7 +208,7 @@ class Demo:
         table = Table(title=title, title_justify="left")
         for col, just in (("tenant", "left"), ("ranks", "right"), ("ConfigMap", "left"),
                           ("size", "right"), ("busbw", "right"), ("of bound", "right"),
-                          ("vs Ring", "right"), ("MSCCL check", "left")):
+                          ("vs NCCL", "right"), ("MSCCL check", "left")):
             table.add_column(col, justify=just)  # type: ignore[arg-type]
         for t in D.TENANTS:
             s = D.summarize(client, t, exp)
@@ -220,15 +220,17 @@ class Demo:
                 ok += f" ({len(pub.configmaps)} parts)"
             table.add_row(t.key, str(s.ranks), s.configmap, f"{s.size >> 20} MiB",
                           f"{s.busbw / 1e9:.0f} GB/s", f"{s.fraction:.0%}",
-                          f"{s.ring_speedup:.1f}x" if s.ring_speedup else "-", ok)
+                          f"{s.nccl_speedup:.2f}x ({s.nccl_choice})" if s.nccl_speedup else "-",
+                          ok)
             self.run.tenants.append({"title": title, **{k: v for k, v in asdict(s).items()
                                                         if k != "tenant"}, "tenant": t.key,
-                                     "ring_speedup": s.ring_speedup})
+                                     "nccl_speedup": s.nccl_speedup})
         console.print(table)
         console.print("[dim]busbw, time and fraction of the lower bound come from the "
-                      "CollectiveJob status (largest size bucket); Ring is not in the status, "
-                      "so it is simulated with the choreo library on the same sub-fabric the "
-                      "operator sent to the synthesizer.[/]")
+                      "CollectiveJob status (largest size bucket); NCCL is not in the status, "
+                      "so the choreo library models NCCL as it runs (its own algorithm and "
+                      "protocol choice) on the same sub-fabric the operator sent to the "
+                      "synthesizer.[/]")
 
     def print_pod_contract(self) -> None:
         assert self.env is not None

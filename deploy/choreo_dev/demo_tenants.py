@@ -14,10 +14,9 @@ from typing import Any
 
 import yaml
 
-from choreo.baselines import BaselineUnavailable, run_baseline
 from choreo.collectives import Collective, Demand
-from choreo.simulate import simulate
-from choreo.synth import auto_chunks
+from choreo.errors import ChoreoError
+from choreo.nccl.model import NcclResult, nccl_baseline
 from choreo_dev.config import KEEP_RUNNING_LABEL
 from choreo_dev.demo_env import NAMESPACE, NODES, POOL_LABEL, DemoEnv
 from choreo_dev.kube import ApiError, KubeClient
@@ -113,7 +112,7 @@ def pods(client: KubeClient, t: Tenant) -> list[dict[str, Any]]:
 
 @dataclass
 class Summary:
-    """One tenant's schedule at its largest size, against the bound and Ring."""
+    """One tenant's schedule at its largest size, against the bound and NCCL as it runs."""
 
     tenant: Tenant
     configmap: str
@@ -123,34 +122,33 @@ class Summary:
     busbw: float
     fraction: float
     time: float
-    ring_time: float | None
+    nccl_time: float | None
+    nccl_choice: str
 
     @property
-    def ring_speedup(self) -> float | None:
-        return self.ring_time / self.time if self.ring_time and self.time > 0 else None
+    def nccl_speedup(self) -> float | None:
+        return self.nccl_time / self.time if self.nccl_time and self.time > 0 else None
 
 
 def summarize(client: KubeClient, t: Tenant, exp: Expected) -> Summary:
-    """The operator's prediction from the status; Ring simulated by the library on the same
-    sub-fabric the operator sent to the synthesizer (status carries no baseline)."""
+    """The operator's prediction from the status; NCCL modelled by the library on the same
+    sub-fabric the operator sent to the synthesizer (the status carries no baseline)."""
     st = status(client, t)
     coll = st["collectives"][0]
-    ring: float | None = None
+    nccl: NcclResult | None = None
     plan = exp.plans.get(t.key)
     if plan is not None:
         tenant = next(x for x in plan.tenants if x.name == t.key)
-        c = Collective.parse(t.collective)
-        n = len(tenant.npus)
-        demand = Demand(c, tuple(tenant.npus), int(coll["sizeBytes"]),
-                        auto_chunks(plan.request_fabric, c, int(coll["sizeBytes"]), n),
-                        name=t.name)
+        demand = Demand(Collective.parse(t.collective), tuple(tenant.npus),
+                        int(coll["sizeBytes"]), name=t.name)
         try:
-            ring = simulate(run_baseline("ring", plan.request_fabric, demand)).makespan
-        except BaselineUnavailable:
-            ring = None
+            nccl = nccl_baseline(plan.request_fabric, demand)
+        except ChoreoError:
+            nccl = None
     return Summary(t, st["configMap"], int(st["ranks"]), list(st.get("nodes") or []),
                    int(coll["sizeBytes"]), float(coll["predictedBusBandwidthBytesPerSecond"]),
-                   float(coll["fractionOfBound"]), float(coll["predictedTimeSeconds"]), ring)
+                   float(coll["fractionOfBound"]), float(coll["predictedTimeSeconds"]),
+                   nccl.seconds if nccl else None, nccl.choice if nccl else "")
 
 
 def tenant_npus(exp: Expected, t: Tenant) -> tuple[int, ...]:

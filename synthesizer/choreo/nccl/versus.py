@@ -1,0 +1,117 @@
+"""``python -m choreo.nccl.versus``: choreo's schedules against NCCL as it runs, side by side.
+
+Per case, choreo synthesizes (relay off, as it ships to MSCCL), the simulator times the
+schedule, and the NCCL model times NCCL's own choice on the same fabric. The table reports
+where choreo is ahead and, as plainly, where it is not: there the product ships no file and
+NCCL runs. Degraded cases fail one GPU, one NIC or one NVSwitch port of node 1; the shared
+case runs two tenants on the same nodes (GPUs 0-3 and 4-7 of every node) synthesized jointly,
+each against NCCL on its own GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+from choreo.benchtable import Row, exit_code, print_rows, write_json
+from choreo.collectives import Collective, Demand
+from choreo.generators import build
+from choreo.nccl.model import nccl_baseline
+from choreo.simulate import simulate
+from choreo.synth import SynthOptions, auto_chunks, synthesize
+from choreo.topology import Topology
+from choreo.verify import verify
+
+MIB = 1 << 20
+SIZES = (16 * MIB, 256 * MIB, 1024 * MIB)
+COLLECTIVES = (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCESCATTER,
+               Collective.ALLTOALL)
+Degrade = Callable[[Topology], Topology]
+
+
+def _link(fabric: Topology, gpu: int, kind: str) -> list[int]:
+    """Both directions of ``gpu``'s link of ``kind`` (its NIC: ib; its NVSwitch port)."""
+    return [i for i, lk in enumerate(fabric.links)
+            if lk.kind == kind and gpu in (lk.src, lk.dst)
+            and not (fabric.is_npu(lk.src) and fabric.is_npu(lk.dst))]
+
+
+def failed_gpu(fabric: Topology) -> Topology:
+    return fabric.with_health(frozenset({9}), ())
+
+
+def failed_nic(fabric: Topology) -> Topology:
+    return fabric.with_health(frozenset(), _link(fabric, 9, "ib"))
+
+
+def failed_nvswitch_port(fabric: Topology) -> Topology:
+    return fabric.with_health(frozenset(), _link(fabric, 9, "nvswitch"))
+
+
+DEGRADED: dict[str, Degrade] = {"one failed GPU": failed_gpu, "one failed NIC": failed_nic,
+                                "one failed NVSwitch port": failed_nvswitch_port}
+
+
+def _case(fabric: Topology, groups: list[tuple[int, ...]], coll: Collective,
+          size: int) -> tuple[list[float], list[float], list[str], float]:
+    """choreo's and NCCL's time per tenant, NCCL's choices, and the synthesis seconds."""
+    demands = [Demand(coll, ranks, size, auto_chunks(fabric, coll, size, len(ranks)),
+                      name=f"t{k}") for k, ranks in enumerate(groups)]
+    started = time.perf_counter()
+    sched = synthesize(fabric, demands, SynthOptions(restarts=2, relay=False))
+    seconds = time.perf_counter() - started
+    verdict = verify(sched)
+    if not verdict.ok:
+        raise AssertionError(f"{fabric.name}: schedule fails verification: {verdict.errors[:2]}")
+    ours = [float(t) for t in simulate(sched).tenant_time]
+    nccl = [nccl_baseline(fabric, d) for d in demands]
+    return ours, [r.seconds for r in nccl], [r.choice for r in nccl], seconds
+
+
+def _row(group: str, case: str, ours: list[float], theirs: list[float], choices: list[str],
+         seconds: float) -> Row:
+    speedups = [t / o for o, t in zip(ours, theirs, strict=True)]
+    worst = min(speedups)
+    return Row(case, f"{worst:.2f}x" + (" (slowest tenant)" if len(ours) > 1 else ""),
+               "(info)", f"NCCL {'/'.join(sorted(set(choices)))}; synthesized in {seconds:.2f} s",
+               None, group=group, value=worst)
+
+
+def rows(nodes: tuple[int, ...], sizes: tuple[int, ...]) -> list[Row]:
+    out = []
+    for k in nodes:
+        fabric = build(f"dgx-h100-{k}")
+        for coll in COLLECTIVES:
+            for size in sizes:
+                out.append(_row("healthy", f"dgx-h100-{k} {coll.value} {size // MIB} MiB",
+                                *_case(fabric, [tuple(fabric.npus)], coll, size)))
+    for k in (n for n in nodes if n >= 2):
+        base = build(f"dgx-h100-{k}")
+        for what, degrade in DEGRADED.items():
+            fabric = degrade(base)
+            for coll in (Collective.ALLREDUCE, Collective.ALLGATHER):
+                out.append(_row("degraded", f"dgx-h100-{k} {what}, {coll.value} 1 GiB",
+                                *_case(fabric, [tuple(fabric.npus)], coll, 1024 * MIB)))
+        halves = [tuple(g for g in base.npus if (g % 8 < 4) == first) for first in (True, False)]
+        out.append(_row("shared", f"dgx-h100-{k} two tenants (GPUs 0-3 / 4-7 of every node), "
+                        "allreduce 1 GiB", *_case(base, halves, Collective.ALLREDUCE, 1 << 30)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m choreo.nccl.versus", description=__doc__)
+    p.add_argument("--nodes", default="1,2,4,8,16", help="dgx-h100 node counts")
+    p.add_argument("--quick", action="store_true", help="1 GiB only")
+    p.add_argument("--json", help="also write the rows here")
+    args = p.parse_args(argv)
+    nodes = tuple(int(x) for x in args.nodes.split(","))
+    table = rows(nodes, (1024 * MIB,) if args.quick else SIZES)
+    print_rows(table, "choreo vs NCCL as it runs (NCCL time / choreo time; > 1: choreo ahead)")
+    if args.json:
+        write_json(table, args.json)
+    return exit_code(table)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
