@@ -16,6 +16,7 @@ import yaml
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import ChoreoError
+from choreo.generators import NDR_NIC_BANDWIDTH
 from choreo.nccl.model import NcclResult, nccl_baseline
 from choreo_dev.config import KEEP_RUNNING_LABEL
 from choreo_dev.demo_env import NAMESPACE, NODES, POOL_LABEL, DemoEnv
@@ -24,7 +25,7 @@ from choreo_dev.observe import GROUP, Expected
 from choreo_operator.placement import healthy_slots
 
 FABRIC_NAME = "h100-pod"
-RAIL_BANDWIDTH = 50e9  # 400 Gb/s per NIC
+RAIL_BANDWIDTH = NDR_NIC_BANDWIDTH  # achievable on a 400 Gb/s NIC
 
 
 @dataclass(frozen=True)

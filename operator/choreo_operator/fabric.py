@@ -70,7 +70,8 @@ def _preset_topology(preset: str, gpus: int, bandwidth: float | None,
                      alpha: float | None) -> Topology:
     default_alpha = 0.7e-6 if alpha is None else alpha
     if preset in ("dgx-h100", "hgx-8"):
-        return generators.dgx_h100(1, nvswitch_bandwidth=bandwidth or 450e9,
+        return generators.dgx_h100(1, nvswitch_bandwidth=bandwidth
+                                   or generators.H100_NVSWITCH_BANDWIDTH,
                                    nvswitch_alpha=default_alpha)
     if preset == "dgx2":
         return generators.dgx2(1, nvswitch_bandwidth=bandwidth or 1e6 / 8e-6,
@@ -81,7 +82,8 @@ def _preset_topology(preset: str, gpus: int, bandwidth: float | None,
         return generators.mi250(xgmi_bandwidth=bandwidth or 50e9, alpha=default_alpha)
     if gpus < 2:
         return Topology(name="generic-1", kinds=(NodeKind.NPU,), links=(), names=("gpu0",))
-    return generators.switch(gpus, bandwidth=bandwidth or 450e9, alpha=default_alpha,
+    return generators.switch(gpus, bandwidth=bandwidth or generators.H100_NVSWITCH_BANDWIDTH,
+                             alpha=default_alpha,
                              kind="nvswitch")
 
 

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from choreo.generators import NDR_NIC_BANDWIDTH
+
 GROUP = "choreo.dev"
 VERSION = "v1alpha1"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -34,7 +36,7 @@ class FabricSpec:
     inter_type: str = "none"
     rails: int | None = None
     dims: tuple[int, ...] = ()
-    inter_bandwidth: float = 50e9
+    inter_bandwidth: float = NDR_NIC_BANDWIDTH
     inter_alpha: float = 1.7e-6
 
 
@@ -223,7 +225,7 @@ def fabric_spec(body: Body) -> FabricSpec:
         inter_type=str(inter.get("type", "none")),
         rails=_opt_int(inter.get("rails")),
         dims=tuple(int(d) for d in inter.get("dims") or ()),
-        inter_bandwidth=float(inter.get("bandwidthBytesPerSecond", 50e9)),
+        inter_bandwidth=float(inter.get("bandwidthBytesPerSecond", NDR_NIC_BANDWIDTH)),
         inter_alpha=float(inter.get("alphaSeconds", 1.7e-6)),
     )
 

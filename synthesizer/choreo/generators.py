@@ -31,6 +31,10 @@ from choreo.errors import InputError
 from choreo.topology import Link, NodeKind, Topology
 
 GB = 1e9
+# Achievable rates of the H100 presets (what nccl-tests reaches, not the nominal peaks of
+# 450 GB/s per GPU into NVSwitch and 50 GB/s per 400 Gb/s NIC).
+H100_NVSWITCH_BANDWIDTH = 370 * GB
+NDR_NIC_BANDWIDTH = 46 * GB
 US = 1e-6
 DEFAULT_BANDWIDTH = 50 * GB  # TACOS Fig. 2: 1/beta = 50 GB/s
 DEFAULT_ALPHA = 0.5 * US
@@ -521,9 +525,9 @@ def _nvswitch_nodes(
 def dgx_h100(
     nodes: int = 1,
     *,
-    nvswitch_bandwidth: float = 370 * GB,
+    nvswitch_bandwidth: float = H100_NVSWITCH_BANDWIDTH,
     nvswitch_alpha: float = 0.7 * US,
-    ib_bandwidth: float = 46 * GB,
+    ib_bandwidth: float = NDR_NIC_BANDWIDTH,
     ib_alpha: float = 1.7 * US,
     nvls: bool = True,
 ) -> Topology:

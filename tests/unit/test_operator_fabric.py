@@ -22,9 +22,7 @@ def _spec(n: int = 2, **kw: object) -> FabricSpec:
 
 def test_preset_rails_match_the_generator() -> None:
     fab = build_fabric(_spec(4, inter_type="rail", rails=8), {})
-    # the operator's rail preset still carries the nominal 450 / 50 GB/s; the built-in
-    # dgx-h100 preset now defaults to achievable rates, so compare at the operator's rates
-    ref = generators.dgx_h100(4, nvswitch_bandwidth=450e9, ib_bandwidth=50e9)
+    ref = generators.dgx_h100(4)
     topo = fab.topology
     assert len(topo.all_npus) == 32 and len(topo.links) == len(ref.links)
     assert sorted(lk.bandwidth for lk in topo.links) == sorted(lk.bandwidth for lk in ref.links)
