@@ -35,18 +35,23 @@ class Router:
         self.adj = [[(i, fabric.links[i].dst, cost[i]) for i in fabric.out_links(v)
                      if fabric.usable(i)] for v in range(fabric.num_nodes)]
 
-    def _tree(self, src: int, targets: set[int]) -> list[int]:
-        """Predecessor links from ``src``; stops once every target is settled."""
+    def search(self, src: int, targets: set[int]) -> tuple[list[int], list[int]]:
+        """Predecessor links from ``src`` and the nodes in the order they were settled
+        (``src`` first); stops once every target is settled."""
         adj = self.adj
         dist = [float("inf")] * len(adj)
         pred = [-1] * len(adj)
+        done = [False] * len(adj)
+        settled: list[int] = []
         dist[src] = 0.0
         heap = [(0.0, src)]
         left = set(targets) - {src}
-        while heap and left:
+        while heap and (left or not settled):
             d, v = heapq.heappop(heap)
-            if d > dist[v]:
+            if done[v]:
                 continue
+            done[v] = True
+            settled.append(v)
             left.discard(v)
             for i, w, c in adj[v]:
                 nd = d + c
@@ -54,12 +59,12 @@ class Router:
                     dist[w] = nd
                     pred[w] = i
                     heapq.heappush(heap, (nd, w))
-        return pred
+        return pred, settled
 
     def paths(self, a: int, targets: Iterable[int]) -> dict[int, tuple[int, ...]]:
         """Fabric link ids from NPU ``a`` to each target NPU."""
         want = set(targets)
-        pred = self._tree(a, want)
+        pred, _ = self.search(a, want)
         out: dict[int, tuple[int, ...]] = {}
         for b in want:
             hops: list[int] = []

@@ -10,7 +10,6 @@ The busiest link relative to its bandwidth sets the time the channels need.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,40 +56,20 @@ def route_loads(topo: Topology, src: np.ndarray, dst: np.ndarray, nbytes: np.nda
     by_src: dict[int, dict[int, float]] = {}
     for k, w in zip(key.tolist(), total.tolist(), strict=True):
         by_src.setdefault(k // span, {})[k % span] = w
-    adj = Router(topo, router_bytes).adj
+    router = Router(topo, router_bytes)
     alpha = np.array([lk.alpha for lk in topo.links])
     for s, targets in by_src.items():
-        _accumulate(topo, adj, alpha, s, targets, out)
+        _accumulate(topo, router, alpha, s, targets, out)
     return out
 
 
-def _accumulate(topo: Topology, adj: list[list[tuple[int, int, float]]], alpha: np.ndarray,
-                s: int, targets: dict[int, float], out: Loads) -> None:
-    n = len(adj)
-    dist = [float("inf")] * n
-    pred = [-1] * n
-    dist[s] = 0.0
-    heap = [(0.0, s)]
-    left = set(targets)
-    order: list[int] = []
-    done = [False] * n
-    while heap and left:
-        d, v = heapq.heappop(heap)
-        if done[v]:
-            continue
-        done[v] = True
-        order.append(v)
-        left.discard(v)
-        for i, w, c in adj[v]:
-            nd = d + c
-            if nd < dist[w]:
-                dist[w] = nd
-                pred[w] = i
-                heapq.heappush(heap, (nd, w))
-    if left:
-        b = next(iter(left))
+def _accumulate(topo: Topology, router: Router, alpha: np.ndarray, s: int,
+                targets: dict[int, float], out: Loads) -> None:
+    pred, order = router.search(s, set(targets))
+    missing = [t for t in targets if t != s and pred[t] < 0]
+    if missing:
         raise InputError(f"{topo.name}: no usable path from {topo.node_name(s)} to "
-                         f"{topo.node_name(b)}")
+                         f"{topo.node_name(missing[0])}")
     weight = dict(targets)
     acc = out.bytes
     links = topo.links
