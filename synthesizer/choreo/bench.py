@@ -201,9 +201,9 @@ def _table_v_rows(quick: bool) -> list[Row]:
 
 
 def _calibration_rows(quick: bool) -> list[Row]:
-    from choreo.nccl.calibration import calibration_rows
+    from choreo.nccl.calibration import calibration_rows, cost_rows
 
-    return calibration_rows()
+    return calibration_rows() + cost_rows()
 
 
 def run_bench(quick: bool, only: str | None, json_path: str | None, console: Console,

@@ -3,8 +3,6 @@ documented choices, degraded fabrics and the lower bound."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -268,13 +266,12 @@ def test_ring_channels_as_a_schedule_agree_with_the_link_loads(name: str) -> Non
 
 # ---- cost ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["dgx-h100-128", "torus-32x32"])
-def test_large_fabrics_are_cheap(name: str) -> None:
+def test_large_fabrics_get_a_model(name: str) -> None:
+    """(What a call costs there is a row of ``choreo bench --calibration``.)"""
     fabric = build(name)
     d = _demand(fabric, C.ALLREDUCE, 256 * MIB)
-    started = time.perf_counter()
     r = nccl_baseline(fabric, d)
-    assert time.perf_counter() - started < 2.0  # about 0.3 s here; slack for slow CI
-    assert np.isfinite(r.seconds)
+    assert np.isfinite(r.seconds) and r.seconds > lower_bound(fabric, d).value_s
 
 
 # ---- the reducing flag in the fabric model and file format --------------------------------------

@@ -9,6 +9,7 @@ is reported as missed.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from choreo.benchtable import Row
@@ -83,4 +84,21 @@ def calibration_rows() -> list[Row]:
             f"ratio {ratio:.3f}; model ran {r.choice} on {r.channels} channels",
             ok, group="NCCL calibration", value=ratio,
         ))
+    return rows
+
+
+def cost_rows() -> list[Row]:
+    """What one NCCL-model call costs on the largest built-in fabrics (best of three)."""
+    rows = []
+    for name in ("dgx-h100-128", "torus-32x32"):
+        fabric = build(name)
+        d = Demand(Collective.ALLREDUCE, tuple(fabric.npus), 256 * MIB)
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            nccl_baseline(fabric, d)
+            times.append(time.perf_counter() - started)
+        rows.append(Row(f"{name} allreduce 256 MiB: one model call", f"{min(times):.2f} s",
+                        "<= 2 s", "the CLI's 30 s budget at 1024 GPUs", min(times) <= 2.0,
+                        group="NCCL model cost", value=min(times)))
     return rows
