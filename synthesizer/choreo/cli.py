@@ -24,6 +24,7 @@ from rich.table import Table
 from choreo.collectives import Collective, Demand, parse_size
 from choreo.errors import ChoreoError, InputError
 from choreo.msccl import cli as msccl_cli
+from choreo.nccl.model import nccl_baseline
 from choreo.report import NCCL, Evaluation, TenantResult, evaluate
 from choreo.schedule import Schedule
 from choreo.service import cli as service_cli
@@ -173,7 +174,9 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         sched.meta["synthesis_seconds"] = seconds
         ev = evaluate(sched, baselines=not args.no_baselines, step=step)
         files: dict[str, Callable[[], bytes]] = {}
-        msccl = msccl_cli.msccl_files(sched, args) if args.msccl_out else {}
+        behind = _nccl_ahead(ev) if args.msccl_out and not args.force else {}
+        msccl = (msccl_cli.msccl_files(sched, args, frozenset(behind)) if args.msccl_out
+                 else {})
         if args.out:
             files["schedule.json"] = lambda: json.dumps(sched.to_dict(),
                                                         separators=(",", ":")).encode()
@@ -190,9 +193,31 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     print_evaluation(ev, seconds)
     if args.out:
         console.print(f"wrote {', '.join(files)} to {escape(args.out)}")
+    for t, why in behind.items():
+        console.print(f"{escape(ev.tenants[t].name)}: no MSCCL file: {escape(why)}; NCCL runs "
+                      "its own algorithm (--force writes the file anyway)")
     if msccl:
         console.print(f"wrote {', '.join(msccl)} to {escape(args.msccl_out)}")
     return 0 if ev.verdict.ok else 1
+
+
+def _nccl_ahead(ev: Evaluation) -> dict[int, str]:
+    """Tenants whose schedule NCCL is predicted to beat, with why: shipping a file there
+    would make the job slower than not installing choreo."""
+    out = {}
+    for k, t in enumerate(ev.tenants):
+        nccl = t.baselines.get(NCCL)
+        if nccl is None:
+            d = ev.schedule.demands[k]
+            try:
+                result = nccl_baseline(ev.schedule.fabric, d)
+            except ChoreoError:
+                continue
+            nccl, t.nccl_choice = result.seconds, f"{result.choice}, {result.channels} channels"
+        if nccl < t.time:
+            out[k] = (f"NCCL ({t.nccl_choice}) is predicted {t.time / nccl:.2f}x faster "
+                      f"({nccl * 1e3:.3f} ms against {t.time * 1e3:.3f} ms)")
+    return out
 
 
 def write_all(out: Path, files: dict[str, Callable[[], bytes]]) -> None:

@@ -42,3 +42,22 @@ def test_best_textbook_baseline_leaves_nccl_out() -> None:
     # NVLS reduces in the switch: it beats choreo's point-to-point schedule on one node, and
     # the bound (which allows in-switch reduction) stays below both
     assert t.baselines[NCCL] < t.time and t.bound <= t.baselines[NCCL]
+
+
+def test_no_file_where_nccl_is_predicted_faster(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # one NVSwitch node, AllReduce 1 GiB: NCCL's NVLS reduces in the switch and wins
+    args = ["synthesize", "-t", "dgx-h100-1", "-c", "allreduce", "-s", "1GiB"]
+    assert main([*args, "--msccl-out", str(tmp_path / "gated")]) == 0
+    assert not (tmp_path / "gated").exists()
+    out = capsys.readouterr().out
+    assert "no MSCCL file: NCCL (nvls/simple" in out and "predicted" in out
+    # the same without the baselines still asks the NCCL model; --force writes the file
+    assert main([*args, "--no-baselines", "--msccl-out", str(tmp_path / "quiet")]) == 0
+    assert not (tmp_path / "quiet").exists()
+    assert main([*args, "--force", "--msccl-out", str(tmp_path / "forced")]) == 0
+    assert [p.name for p in (tmp_path / "forced").iterdir()] == ["tenant0-allreduce.xml"]
+    # where choreo is ahead the file is written
+    assert main(["synthesize", "-t", "dgx-h100-2", "-c", "allgather", "-s", "1GiB",
+                 "--msccl-out", str(tmp_path / "ahead")]) == 0
+    assert (tmp_path / "ahead" / "tenant0-allgather.xml").exists()

@@ -50,13 +50,19 @@ def add_synthesize_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", type=int, default=1,
                         help="MSCCL instances: each chunk split in N, threadblocks replicated")
     parser.add_argument("--proto", choices=layout.PROTOCOLS, default="Simple")
+    parser.add_argument("--force", action="store_true",
+                        help="write a tenant's MSCCL file even where NCCL is predicted faster "
+                        "(by default none is written there and NCCL runs)")
 
 
-def msccl_files(sched: Schedule, args: argparse.Namespace) -> dict[str, Callable[[], bytes]]:
-    """Every tenant's file, each validated and interpreted before anything is written
-    (renderers for ``cli.write_all``, already computed)."""
+def msccl_files(sched: Schedule, args: argparse.Namespace,
+                skip: frozenset[int] = frozenset()) -> dict[str, Callable[[], bytes]]:
+    """Every tenant's file but those in ``skip``, each validated and interpreted before
+    anything is written (renderers for ``cli.write_all``, already computed)."""
     files: dict[str, Callable[[], bytes]] = {}
     for t, d in enumerate(sched.demands):
+        if t in skip:
+            continue
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", d.name) if d.name else f"tenant{t}"
         kinds = layout.file_kinds(d.collective, args.dialect)
         for kind in kinds:
