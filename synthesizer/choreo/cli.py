@@ -206,16 +206,15 @@ def _nccl_ahead(ev: Evaluation) -> dict[int, str]:
     would make the job slower than not installing choreo."""
     out = {}
     for k, t in enumerate(ev.tenants):
-        nccl = t.baselines.get(NCCL)
-        if nccl is None:
-            d = ev.schedule.demands[k]
+        nccl, choice = t.baselines.get(NCCL), t.nccl_choice
+        if nccl is None:  # --no-baselines: the gate still asks the model
             try:
-                result = nccl_baseline(ev.schedule.fabric, d)
+                result = nccl_baseline(ev.schedule.fabric, ev.schedule.demands[k])
             except ChoreoError:
                 continue
-            nccl, t.nccl_choice = result.seconds, f"{result.choice}, {result.channels} channels"
+            nccl, choice = result.seconds, f"{result.choice}, {result.channels} channels"
         if nccl < t.time:
-            out[k] = (f"NCCL ({t.nccl_choice}) is predicted {t.time / nccl:.2f}x faster "
+            out[k] = (f"NCCL ({choice}) is predicted {t.time / nccl:.2f}x faster "
                       f"({nccl * 1e3:.3f} ms against {t.time * 1e3:.3f} ms)")
     return out
 

@@ -92,7 +92,7 @@ def plan_files(buckets: Sequence[tuple[int, int | None, Schedule]], tenant: int 
         tag = f"{base}-{k:0{width}d}"
         chunks = _demand(sched, tenant).chunks
         for kind in kinds:
-            suffix = "-inplace" if kind == "in-place" and len(kinds) > 1 else ""
+            suffix = layout.file_suffix(kind)
             out.append(BucketFile(f"{tag}{suffix}.xml", sched, tenant, lo, hi,
                                   f"{tag}-{chunks}c{suffix}", dialect, instances, proto, kind,
                                   k))

@@ -64,10 +64,8 @@ def msccl_files(sched: Schedule, args: argparse.Namespace,
         if t in skip:
             continue
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", d.name) if d.name else f"tenant{t}"
-        kinds = layout.file_kinds(d.collective, args.dialect)
-        for kind in kinds:
-            suffix = "-inplace" if kind == "in-place" and len(kinds) > 1 else ""
-            name = f"{stem}-{d.collective.value}{suffix}.xml"
+        for kind in layout.file_kinds(d.collective, args.dialect):
+            name = f"{stem}-{d.collective.value}{layout.file_suffix(kind)}.xml"
             xml = to_xml(sched, t, dialect=args.dialect, instances=args.instances,
                          proto=args.proto, calls=kind)
             problems = validate(xml, args.dialect)

@@ -113,7 +113,7 @@ def _mis_stored(algo: Algo, rt: layout.Runtime) -> list[str]:
     int8_t wraps to another threadblock."""
     return [f"line {st.line}: gpu {g.id} tb {tb.id} step {st.s}: depid={st.depid} does not fit "
             f"the runtime's int8_t (at most {rt.max_depid}); it would wait on tb "
-            f"{(st.depid + 128) % 256 - 128}"
+            f"{layout.stored_depid(st.depid)}"
             for g in algo.gpus for tb in g.tbs for st in tb.steps if st.depid > rt.max_depid]
 
 

@@ -61,7 +61,6 @@ class Runtime:
 
     name: str
     format: str
-    title: str
     max_steps: int  # steps per threadblock: ``s`` < this
     max_tbs: int  # threadblocks per GPU
     max_channels: int  # ``nchannels``
@@ -74,20 +73,19 @@ class Runtime:
 
 
 RUNTIMES = {
-    "executor": Runtime("executor", "executor",
-                        "MSCCL executor in NCCL (Azure/msccl-executor-nccl, NCCL 2.23 fork)",
-                        max_steps=64, max_tbs=1024, max_channels=32),
-    "rccl": Runtime("rccl", "executor", "MSCCL executor in RCCL (ROCm)",
-                    max_steps=64, max_tbs=64, max_channels=128),
-    "legacy": Runtime("legacy", "legacy", "legacy MSCCL runtime (microsoft/msccl, NCCL 2.12 fork)",
-                      max_steps=256, max_tbs=216, max_channels=32),
+    # Azure/msccl-executor-nccl (NCCL 2.23 fork)
+    "executor": Runtime("executor", "executor", max_steps=64, max_tbs=1024, max_channels=32),
+    # the same executor inside RCCL (ROCm)
+    "rccl": Runtime("rccl", "executor", max_steps=64, max_tbs=64, max_channels=128),
+    # microsoft/msccl (NCCL 2.12 fork)
+    "legacy": Runtime("legacy", "legacy", max_steps=256, max_tbs=216, max_channels=32),
 }
 DIALECTS = tuple(RUNTIMES)
 CALLS = ("both", "in-place", "out-of-place")
 
 
 def runtime(dialect: str) -> Runtime:
-    """The runtime profile a dialect name stands for; KeyError-free for callers that checked."""
+    """The runtime profile a dialect name stands for (the name must be one of ``DIALECTS``)."""
     return RUNTIMES[dialect]
 
 
@@ -99,6 +97,16 @@ def file_kinds(coll: Collective, dialect: str) -> tuple[str, ...]:
     if not supports_inplace(coll):
         return ("out-of-place",)
     return ("in-place", "out-of-place") if runtime(dialect).legacy else ("both",)
+
+
+def stored_depid(depid: int) -> int:
+    """The threadblock a ``depid`` names once the runtimes store it in an int8_t."""
+    return (depid + 128) % 256 - 128
+
+
+def file_suffix(kind: str) -> str:
+    """What a file's name adds for its kind of call: only legacy's in-place twin differs."""
+    return "-inplace" if kind == "in-place" else ""
 
 
 def max_buckets(coll: Collective, dialect: str) -> int | None:

@@ -326,11 +326,11 @@ class _Program:
             FIFO_CHUNKS, MAX_CNT, units.in_units, units.out_units)
         error = out.get("error")
         if error in ("not_held", "split", "scattered"):
-            raise InputError(self._error(error, out["at"], instances))
+            raise InputError(self._error(error, out["at"]))
         if self.missing:
             raise InputError(self.missing)
         if error is not None:
-            raise InputError(self._error(error, out["at"], instances))
+            raise InputError(self._error(error, out["at"]))
         served = self._served(min_bytes, max_bytes, out["scratch"], units.L)
         head = head_text(self._header(units, out["nchannels"], proto, min_bytes, served, name,
                                       calls), self._comment(instances))
@@ -355,7 +355,7 @@ class _Program:
                 "use the executor dialect")
         return top - 1
 
-    def _error(self, kind: str, at: list[int], instances: int) -> str:
+    def _error(self, kind: str, at: list[int]) -> str:
         t, rt = self.tenant, self.rt
         if kind == "not_held":
             x, g, a = at
@@ -393,8 +393,9 @@ class _Program:
         default = f"choreo-{self.coll.value}-{self.n}r-{self.C}c"
         algo_name = (name or (f"{d.name}-{default}" if d.name else default))
         if rt.legacy:
+            assert max_bytes is not None, "_served bounds every legacy range"
             algo_name = algo_name[: layout.MAX_LEGACY_NAME]
-            top = layout.LEGACY_UNLIMITED if max_bytes is None else max_bytes + 1
+            top = max_bytes + 1
         else:
             top = 0 if max_bytes is None else max_bytes
         return {

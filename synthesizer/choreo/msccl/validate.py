@@ -71,7 +71,6 @@ class _Checker:
     def __init__(self, algo: Algo, dialect: str, partial: bool, out: list[Violation]) -> None:
         self.algo, self.dialect, self.partial, self.out = algo, dialect, partial, out
         self.rt = layout.runtime(dialect)
-        self.format = self.rt.format
         self.n = algo.ngpus
         self.coll = layout.parse_coll(algo.coll)
 
@@ -88,7 +87,7 @@ class _Checker:
     # ---- <algo> -------------------------------------------------------------------------
     def header(self) -> None:
         a, line, d = self.algo.attrs, self.algo.line, self.dialect
-        for key in _REQUIRED[self.format]:
+        for key in _REQUIRED[self.rt.format]:
             if key not in a:
                 self.bad(line, "algo", f"<algo> lacks {key!r}, which the {d} parser requires")
         for key in ("nchannels", "nchunksperloop", "ngpus", "minBytes", "maxBytes", "inplace",
@@ -320,7 +319,7 @@ class _Checker:
         target = by_id.get(st.depid)
         if st.depid > self.rt.max_depid:
             bad("dep", f"depid={st.depid}: the runtimes store depid in an int8_t, so it wraps "
-                f"to {(st.depid + 128) % 256 - 128} and the step waits on the wrong "
+                f"to {layout.stored_depid(st.depid)} and the step waits on the wrong "
                 f"threadblock (at most {self.rt.max_depid})")
         elif target is None:
             bad("dep", f"depid={st.depid} is not a threadblock of gpu {g.id}")

@@ -242,8 +242,7 @@ def _lowered(result: Any, where: str) -> tuple[str | bytes, int | None]:
     channels, a collective the dialect lacks) is the request's fault."""
     if isinstance(result, InputError):
         raise invalid(where, f"cannot be lowered to MSCCL: {result}")
-    body, served = result
-    return body, served
+    return result
 
 
 def _solve(work: Work, demands: list[Demand], rounds: int) -> Schedule:
