@@ -52,12 +52,17 @@ class _Candidate:
     variant: str
     schedule: Schedule | None = None
     time: float = float("inf")
+    started: float = 0.0  # seconds after solve() began
     seconds: float = 0.0
+    budget: float | None = None  # an exact solver's own time limit
     error: str = ""
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"engine": self.engine, "variant": self.variant,
+                               "started_s": round(self.started, 4),
                                "seconds": round(self.seconds, 4)}
+        if self.budget is not None:
+            out["budget_s"] = round(self.budget, 4)
         if self.schedule is not None:
             out["time"] = self.time
         else:
@@ -78,9 +83,10 @@ def solve(fabric: Topology, demands: Sequence[Demand], engine: str = "auto",
     end = started + deadline_s
     runs: list[_Candidate] = []
 
-    def run(engine_name: str, variant: str, fn: Callable[[], Schedule]) -> _Candidate:
-        cand = _Candidate(engine_name, variant)
+    def run(engine_name: str, variant: str, fn: Callable[[], Schedule],
+            budget: float | None = None) -> _Candidate:
         t0 = time.monotonic()
+        cand = _Candidate(engine_name, variant, started=t0 - started, budget=budget)
         try:
             sched = fn()
             verdict = verify(sched)
@@ -119,7 +125,7 @@ def solve(fabric: Topology, demands: Sequence[Demand], engine: str = "auto",
 
 def _more_greedy(fabric: Topology, demands: tuple[Demand, ...], opts: PortfolioOptions,
                  base: SynthOptions, took: float, end: float,
-                 run: Callable[[str, str, Callable[[], Schedule]], _Candidate]) -> None:
+                 run: Callable[..., _Candidate]) -> None:
     """Other seeds and chunk counts, each only if one more greedy run still fits."""
     variants: list[tuple[str, tuple[Demand, ...], SynthOptions]] = []
     for s in range(1, opts.seeds):
@@ -134,12 +140,12 @@ def _more_greedy(fabric: Topology, demands: tuple[Demand, ...], opts: PortfolioO
         factor = max(d2.chunks / d.chunks for d, d2 in zip(demands, ds, strict=True))
         if time.monotonic() + took * max(factor, 1.0) * 1.5 > end:
             continue
-        run("greedy", label, lambda ds=ds, so=so: synthesize(fabric, ds, so))  # type: ignore[misc]
+        run("greedy", label, lambda ds=ds, so=so: synthesize(fabric, ds, so))
 
 
 def _exact(fabric: Topology, demands: tuple[Demand, ...], engine: str,
            opts: PortfolioOptions, end: float,
-           run: Callable[[str, str, Callable[[], Schedule]], _Candidate]) -> None:
+           run: Callable[..., _Candidate]) -> None:
     from choreo.teccl.copy import MilpOptions, synthesize_milp
     from choreo.teccl.flow import FLOW_COLLECTIVES, LpOptions, synthesize_lp
 
@@ -152,11 +158,11 @@ def _exact(fabric: Topology, demands: tuple[Demand, ...], engine: str,
         return
     if use == "lp":
         lp = LpOptions(time_limit=limit, threads=opts.threads, relay=opts.relay)
-        run("lp", "flow", lambda: synthesize_lp(fabric, demands, lp))
+        run("lp", "flow", lambda: synthesize_lp(fabric, demands, lp), limit)
     else:
         mo = MilpOptions(time_limit=limit, threads=opts.threads, relay=opts.relay,
                          gap=0.0 if engine == "milp" else 0.05)
-        run("milp", "copy", lambda: synthesize_milp(fabric, demands, mo))
+        run("milp", "copy", lambda: synthesize_milp(fabric, demands, mo), limit)
 
 
 def _small_enough(fabric: Topology, demands: tuple[Demand, ...], use: str) -> bool:

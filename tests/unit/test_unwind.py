@@ -198,9 +198,10 @@ def test_single_switch_property(m: int, d: int, bw: float) -> None:
     assert all(0 <= i < len(topo.links) for x in u.links for i in x.via)
 
 
-def test_large_unwind_is_fast() -> None:
+def test_large_unwind_stays_near_linear() -> None:
+    """A guard against a quadratic blow-up, not a timing: the benchmark measures the speed."""
     topo = build("3d-rfs-1024")
     start = time.perf_counter()
     u = unwind(topo, 4)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 20.0
     assert len(u.links) == 4096 + 8 * 128 * 4
