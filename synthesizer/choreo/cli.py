@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from choreo.collectives import Collective, Demand, parse_size
+from choreo.collectives import Collective, Demand, format_size, parse_size
 from choreo.errors import ChoreoError, InputError
 from choreo.msccl import cli as msccl_cli
-from choreo.nccl.model import nccl_baseline
+from choreo.nccl.compare import Versus, versus_nccl
 from choreo.report import NCCL, Evaluation, TenantResult, evaluate
 from choreo.schedule import Schedule
 from choreo.service import cli as service_cli
@@ -206,16 +206,11 @@ def _nccl_ahead(ev: Evaluation) -> dict[int, str]:
     would make the job slower than not installing choreo."""
     out = {}
     for k, t in enumerate(ev.tenants):
-        nccl, choice = t.baselines.get(NCCL), t.nccl_choice
-        if nccl is None:  # --no-baselines: the gate still asks the model
-            try:
-                result = nccl_baseline(ev.schedule.fabric, ev.schedule.demands[k])
-            except ChoreoError:
-                continue
-            nccl, choice = result.seconds, f"{result.choice}, {result.channels} channels"
-        if nccl < t.time:
-            out[k] = (f"NCCL ({choice}) is predicted {t.time / nccl:.2f}x faster "
-                      f"({nccl * 1e3:.3f} ms against {t.time * 1e3:.3f} ms)")
+        nccl = t.baselines.get(NCCL)
+        vs = (Versus(t.time, nccl, t.nccl_choice) if nccl is not None  # else --no-baselines
+              else versus_nccl(ev.schedule.fabric, ev.schedule.demands[k], t.time))
+        if vs is not None and vs.nccl_ahead:
+            out[k] = vs.why()
     return out
 
 
@@ -251,13 +246,6 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
-def _fmt_size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n} B"
-
-
 def print_evaluation(ev: Evaluation, seconds: float | None = None) -> None:
     """One block per tenant: its time against the bound, then against every baseline."""
     sched = ev.schedule
@@ -268,7 +256,7 @@ def print_evaluation(ev: Evaluation, seconds: float | None = None) -> None:
     for err in ev.verdict.errors[:10]:
         console.print(f"  [red]{escape(err)}[/]")
     for t in ev.tenants:
-        title = (f"{escape(t.name)}: {t.collective} of {_fmt_size(t.size)} on {t.npus} NPUs, "
+        title = (f"{escape(t.name)}: {t.collective} of {format_size(t.size)} on {t.npus} NPUs, "
                  f"{t.chunks} chunk(s) per piece")
         table = Table(title=title, title_justify="left")
         table.add_column("algorithm")

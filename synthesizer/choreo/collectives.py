@@ -140,6 +140,14 @@ class Demand:
         return (n - 1) / n
 
 
+def format_size(n: int) -> str:
+    """``1 GiB``, ``64 MiB``, ``12 B``: the inverse of ``parse_size`` for people."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
 def parse_size(text: str | int, where: str = "size") -> int:
     """Parse ``1GiB``, ``512MB``, ``4096`` into bytes; reject zero, negatives and > 1 TiB."""
     if isinstance(text, int):

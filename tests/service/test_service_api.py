@@ -101,6 +101,38 @@ def test_legacy_gets_an_in_place_and_an_out_of_place_file_per_range(served: Runn
     assert len({b.file_name for b in coll.buckets}) == 4
 
 
+def test_sizes_nccl_runs_faster_get_no_file_unless_asked(served: Running) -> None:
+    """One H100 node, AllReduce: NCCL's NVLS (in-switch reduction, which MSCCL cannot use)
+    wins at large sizes, choreo at small ones. Shipping a file where NCCL is faster would slow
+    the job down; the bucket says so instead, and ship_slower_than_nccl ships it anyway."""
+    from choreo import msccl
+
+    tenants = [TenantRequest("one-node", build("dgx-h100-1").npus, "allreduce", 1 << 20,
+                             1 << 30)]
+    gated = served.client.synthesize(build_request(build("dgx-h100-1"), tenants,
+                                                   max_buckets=2), timeout=120)
+    [coll] = gated.tenants[0].collectives
+    small, large = coll.buckets
+    for b in coll.buckets:
+        p = b.prediction
+        assert p.nccl_choice and p.nccl_time_seconds > 0
+        assert p.speedup_vs_nccl == pytest.approx(p.nccl_time_seconds / p.time_seconds)
+        assert b.nccl_runs == (p.speedup_vs_nccl < 1)
+        assert (b.xml == "" and b.file_name == "") == b.nccl_runs
+    assert not small.nccl_runs and msccl.validate(small.xml) == []
+    assert large.nccl_runs and large.prediction.nccl_choice.startswith("nvls/")
+    assert large.max_bytes == 1 << 30 and small.max_bytes + 1 == large.min_bytes
+
+    forced = served.client.synthesize(build_request(build("dgx-h100-1"), tenants,
+                                                    max_buckets=2, ship_slower_than_nccl=True),
+                                      timeout=120)
+    [coll] = forced.tenants[0].collectives
+    assert [b.nccl_runs for b in coll.buckets] == [False, False]
+    assert msccl.validate(coll.buckets[1].xml) == []
+    assert coll.buckets[1].prediction == large.prediction
+    assert forced.result_id != gated.result_id
+
+
 def test_gzip_encoding_carries_the_same_xml_smaller(served: Running) -> None:
     plain = served.client.synthesize(quick_request("gz", seed=17), timeout=120)
     request = quick_request("gz", seed=17)

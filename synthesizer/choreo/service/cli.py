@@ -131,6 +131,7 @@ def remote_synthesize(args: argparse.Namespace) -> int:
         proto=getattr(args, "proto", ""),
         deadline_seconds=0.0 if engine == "greedy" else getattr(args, "deadline", 0.0))
     request.options.engine = engine
+    request.options.ship_slower_than_nccl = bool(getattr(args, "force", False))
     try:
         channel = open_channel(args.remote, ca=args.remote_ca, cert=args.remote_cert,
                                key=args.remote_key)
@@ -146,6 +147,8 @@ def remote_synthesize(args: argparse.Namespace) -> int:
     for t in response.tenants:
         for c in t.collectives:
             for b in c.buckets:
+                if b.nccl_runs:
+                    continue
                 data = bucket_xml(b).encode()
                 xml[b.file_name] = lambda data=data: data
     msccl_out = getattr(args, "msccl_out", None)
@@ -180,7 +183,8 @@ def _describe(address: str, err: grpc.RpcError, details: dict[str, Any]) -> str:
 
 def print_response(response: Any) -> bool:
     """A table per tenant and collective, like the local summary; True if all verified."""
-    from choreo.cli import _fmt_size, _fmt_time
+    from choreo.cli import _fmt_time
+    from choreo.collectives import format_size
 
     ok = all(b.verification.ok for t in response.tenants for c in t.collectives
              for b in c.buckets)
@@ -195,19 +199,26 @@ def print_response(response: Any) -> bool:
             for col, justify in (("sizes", "left"), ("chunks", "right"), ("time", "right"),
                                  ("algbw GB/s", "right"), ("busbw GB/s", "right"),
                                  ("lower bound", "right"), ("of bound", "right"),
-                                 ("verified", "left"), ("file", "left")):
+                                 ("vs NCCL", "right"), ("verified", "left"), ("file", "left")):
                 table.add_column(col, justify=justify)  # type: ignore[arg-type]
             for b in c.buckets:
                 p = b.prediction
-                sizes = (_fmt_size(b.min_bytes) if b.min_bytes == b.max_bytes
-                         else f"{_fmt_size(b.min_bytes)} .. {_fmt_size(b.max_bytes)}")
+                sizes = (format_size(b.min_bytes) if b.min_bytes == b.max_bytes
+                         else f"{format_size(b.min_bytes)} .. {format_size(b.max_bytes)}")
                 table.add_row(sizes, str(b.chunks), _fmt_time(p.time_seconds),
                               f"{p.algbw_bytes_per_second / 1e9:.1f}",
                               f"{p.busbw_bytes_per_second / 1e9:.1f}",
                               _fmt_time(p.lower_bound_seconds), f"{p.fraction_of_bound:.1%}",
+                              f"{p.speedup_vs_nccl:.2f}x" if p.nccl_choice else "-",
                               "[green]yes[/]" if b.verification.ok else "[red]no[/]",
-                              b.file_name)
+                              "none: NCCL runs" if b.nccl_runs else b.file_name)
             console.print(table)
+            for b in c.buckets:
+                if b.nccl_runs:
+                    console.print(f"  {format_size(b.min_bytes)} .. {format_size(b.max_bytes)}: no "
+                                  f"MSCCL file: NCCL ({b.prediction.nccl_choice}) is predicted "
+                                  f"{1 / b.prediction.speedup_vs_nccl:.2f}x faster; NCCL runs "
+                                  "its own algorithm (--force ships the file anyway)")
             for b in c.buckets:
                 for e in b.verification.errors:
                     console.print(f"  [red]{e}[/]")

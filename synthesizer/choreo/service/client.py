@@ -37,14 +37,16 @@ class TenantRequest:
 def build_request(fabric: Topology | pb.FabricSnapshot, tenants: Sequence[TenantRequest], *,
                   restarts: int = 0, seed: int = 0, dialect: str = "", instances: int = 0,
                   proto: str = "", deadline_seconds: float = 0.0, max_buckets: int = 0,
-                  idempotency_key: str = "", gzip: bool = False) -> pb.SynthesizeRequest:
+                  idempotency_key: str = "", gzip: bool = False,
+                  ship_slower_than_nccl: bool = False) -> pb.SynthesizeRequest:
     snapshot = fabric if isinstance(fabric, pb.FabricSnapshot) else fabric_to_proto(fabric)
     req = pb.SynthesizeRequest(
         fabric=snapshot, idempotency_key=idempotency_key,
         options=pb.Options(restarts=restarts, seed=seed, dialect=dialect, instances=instances,
                            proto=proto, deadline_seconds=deadline_seconds,
                            max_buckets=max_buckets,
-                           xml_encoding=pb.Options.XML_GZIP if gzip else pb.Options.XML_PLAIN))
+                           xml_encoding=pb.Options.XML_GZIP if gzip else pb.Options.XML_PLAIN,
+                           ship_slower_than_nccl=ship_slower_than_nccl))
     for t in tenants:
         coll = t.collective.value if isinstance(t.collective, Collective) else t.collective
         spec = pb.CollectiveSpec(collective=coll, min_bytes=t.min_bytes, max_bytes=t.max_bytes,

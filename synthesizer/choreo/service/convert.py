@@ -59,6 +59,7 @@ class OptionsSpec:
     proto: str
     max_buckets: int
     gzip: bool
+    ship_slower_than_nccl: bool
     # Time budget of the whole request's solves for the anytime engines (auto, milp, lp),
     # whose results depend on it; 0 for greedy, whose results do not.
     engine_seconds: float = 0.0
@@ -232,7 +233,7 @@ def options_from_proto(o: pb.Options) -> tuple[OptionsSpec, float]:
         raise invalid("options.xml_encoding", f"unknown encoding {o.xml_encoding}")
     budget = 0.0 if engine == "greedy" else (o.deadline_seconds or DEFAULT_ENGINE_SECONDS)
     spec = OptionsSpec(engine, restarts, o.seed, dialect, instances, proto, buckets,
-                       o.xml_encoding == pb.Options.XML_GZIP, budget)
+                       o.xml_encoding == pb.Options.XML_GZIP, o.ship_slower_than_nccl, budget)
     return spec, o.deadline_seconds
 
 

@@ -27,6 +27,7 @@ from choreo.errors import InfeasibleError, InputError
 from choreo.hierarchy import applies, slices_for
 from choreo.msccl.buckets import BucketFile, plan_files
 from choreo.msccl.layout import max_buckets
+from choreo.nccl.compare import versus_nccl
 from choreo.report import evaluate
 from choreo.schedule import Schedule
 from choreo.service.api import pb
@@ -62,17 +63,24 @@ class _Solve:
 
 @dataclass(frozen=True)
 class _Judge:
-    """Verify and simulate one round's schedule: per tenant its prediction, and the verdict.
-    Plain values come back (the generated message classes do not pickle)."""
+    """Verify and simulate one round's schedule: per tenant its prediction (against NCCL as
+    it runs too), and the verdict. Plain values come back (the generated message classes do
+    not pickle)."""
 
     schedule: Schedule
 
     def run(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         ev = evaluate(self.schedule, baselines=False)
-        predictions = [dict(time_seconds=tr.time, algbw_bytes_per_second=tr.algbw,
-                            busbw_bytes_per_second=tr.busbw, lower_bound_seconds=tr.bound,
-                            fraction_of_bound=tr.fraction_of_bound, bound_kind=tr.bound_kind)
-                       for tr in ev.tenants]
+        predictions = []
+        for tr, demand in zip(ev.tenants, self.schedule.demands, strict=True):
+            p = dict(time_seconds=tr.time, algbw_bytes_per_second=tr.algbw,
+                     busbw_bytes_per_second=tr.busbw, lower_bound_seconds=tr.bound,
+                     fraction_of_bound=tr.fraction_of_bound, bound_kind=tr.bound_kind)
+            vs = versus_nccl(self.schedule.fabric, demand, tr.time)
+            if vs is not None:
+                p.update(nccl_time_seconds=vs.nccl_s, nccl_choice=vs.choice,
+                         speedup_vs_nccl=vs.speedup)
+            predictions.append(p)
         return predictions, dict(ok=ev.verdict.ok, errors=ev.verdict.errors[:MAX_ERRORS],
                                  transfers=len(self.schedule))
 
@@ -137,14 +145,21 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
               for key, items in slots.items()}
     files = {key: _files(items, work, f"tenants[{key[0]}].collectives[{key[1]}]")
              for key, items in solved.items()}
-    tasks: list[Task] = [_Judge(s) for s in schedules]
-    lowered = [(key, b) for key in solved for b in range(len(files[key]))]
-    tasks += [_Encode(files[key][b], opts.gzip) for key, b in lowered]
-    results = _share(tasks, helper, lambda done, task: say(
-        "evaluating" if isinstance(task, _Judge) else "lowering",
-        f"{done} of {len(tasks)} schedules judged or files lowered", len(rounds) + done, total))
-    judged = results[:len(schedules)]
-    encoded = dict(zip(lowered, results[len(schedules):], strict=True))
+    judged = _share([_Judge(s) for s in schedules], helper, lambda done, _task: say(
+        "evaluating", f"{done} of {len(schedules)} schedules judged", len(rounds) + done,
+        total))
+
+    def nccl_runs(s: _Solved) -> bool:
+        """NCCL is predicted faster for this bucket: it gets no file (unless asked to)."""
+        speedup = judged[s.round][0][s.member].get("speedup_vs_nccl")
+        return not opts.ship_slower_than_nccl and speedup is not None and speedup < 1
+
+    lowered = [(key, b) for key in solved for b, f in enumerate(files[key])
+               if not nccl_runs(solved[key][f.bucket])]
+    encoded = dict(zip(lowered, _share(
+        [_Encode(files[key][b], opts.gzip) for key, b in lowered], helper,
+        lambda done, _task: say("lowering", f"{done} of {len(lowered)} files lowered",
+                                2 * len(rounds) + done, total)), strict=True))
     response = pb.SynthesizeResponse(fabric_fingerprint=fabric.fingerprint(), engine=opts.engine,
                                      result_id=work.result_id)
     for i, t in enumerate(tenants):
@@ -153,15 +168,24 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
             res = out.collectives.add(collective=c.collective.value)
             # The lowering names files after the tenant; keep a tenant's collectives apart.
             prefix = f"{j}-{c.collective.value}-" if len(t.collectives) > 1 else ""
+            left_to_nccl: set[int] = set()
             for b, f in enumerate(files[(i, j)]):
                 s = solved[(i, j)][f.bucket]
                 predictions, verification = judged[s.round]
+                common = dict(min_bytes=s.bucket.lo, representative_bytes=s.bucket.size,
+                              chunks=s.bucket.chunks,
+                              prediction=pb.Prediction(**predictions[s.member]),
+                              verification=pb.Verification(**verification),
+                              engine=s.schedule.engine)
+                if ((i, j), b) not in encoded:
+                    if f.bucket not in left_to_nccl:  # one entry per range, whatever the kinds
+                        left_to_nccl.add(f.bucket)
+                        res.buckets.add(max_bytes=s.bucket.hi, nccl_runs=True, **common)
+                    continue
                 body, served = _lowered(encoded[((i, j), b)], f"tenants[{i}].collectives[{j}]")
                 bucket = res.buckets.add(
-                    min_bytes=s.bucket.lo, max_bytes=s.bucket.hi if served is None else served,
-                    representative_bytes=s.bucket.size, chunks=s.bucket.chunks,
-                    file_name=prefix + f.name, prediction=pb.Prediction(**predictions[s.member]),
-                    verification=pb.Verification(**verification), engine=s.schedule.engine)
+                    max_bytes=s.bucket.hi if served is None else served,
+                    file_name=prefix + f.name, **common)
                 if isinstance(body, bytes):
                     bucket.xml_gzip = body
                 else:
