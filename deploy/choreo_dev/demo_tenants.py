@@ -14,10 +14,7 @@ from typing import Any
 
 import yaml
 
-from choreo.collectives import Collective, Demand
-from choreo.errors import ChoreoError
 from choreo.generators import NDR_NIC_BANDWIDTH
-from choreo.nccl.model import NcclResult, nccl_baseline
 from choreo_dev.config import KEEP_RUNNING_LABEL
 from choreo_dev.demo_env import NAMESPACE, NODES, POOL_LABEL, DemoEnv
 from choreo_dev.kube import ApiError, KubeClient
@@ -123,33 +120,23 @@ class Summary:
     busbw: float
     fraction: float
     time: float
-    nccl_time: float | None
+    nccl_speedup: float | None
     nccl_choice: str
-
-    @property
-    def nccl_speedup(self) -> float | None:
-        return self.nccl_time / self.time if self.nccl_time and self.time > 0 else None
+    nccl_ranges: int  # size ranges left to NCCL (no file there)
 
 
-def summarize(client: KubeClient, t: Tenant, exp: Expected) -> Summary:
-    """The operator's prediction from the status; NCCL modelled by the library on the same
-    sub-fabric the operator sent to the synthesizer (the status carries no baseline)."""
+def summarize(client: KubeClient, t: Tenant) -> Summary:
+    """The operator's prediction at the largest size range, against NCCL as it runs, from
+    the CollectiveJob's status."""
     st = status(client, t)
     coll = st["collectives"][0]
-    nccl: NcclResult | None = None
-    plan = exp.plans.get(t.key)
-    if plan is not None:
-        tenant = next(x for x in plan.tenants if x.name == t.key)
-        demand = Demand(Collective.parse(t.collective), tuple(tenant.npus),
-                        int(coll["sizeBytes"]), name=t.name)
-        try:
-            nccl = nccl_baseline(plan.request_fabric, demand)
-        except ChoreoError:
-            nccl = None
+    speedup = coll.get("speedupVsNccl")
     return Summary(t, st["configMap"], int(st["ranks"]), list(st.get("nodes") or []),
                    int(coll["sizeBytes"]), float(coll["predictedBusBandwidthBytesPerSecond"]),
                    float(coll["fractionOfBound"]), float(coll["predictedTimeSeconds"]),
-                   nccl.seconds if nccl else None, nccl.choice if nccl else "")
+                   float(speedup) if speedup is not None else None,
+                   str(coll.get("ncclChoice", "")),
+                   sum(r.get("runs") == "NCCL" for r in coll.get("sizes") or []))
 
 
 def tenant_npus(exp: Expected, t: Tenant) -> tuple[int, ...]:

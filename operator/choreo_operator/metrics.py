@@ -15,6 +15,15 @@ BUSBW = Gauge("choreo_tenant_predicted_busbw_bytes_per_second",
 BOUND = Gauge("choreo_tenant_bound_fraction",
               "Lower-bound time over predicted time of the tenant's collective (1 = optimal)",
               TENANT, registry=REGISTRY)
+VS_NCCL = Gauge("choreo_tenant_predicted_speedup_vs_nccl",
+                "NCCL's predicted time over choreo's for the tenant's collective at its largest "
+                "size bucket, NCCL as it runs on the same fabric (above 1: choreo is faster)",
+                TENANT, registry=REGISTRY)
+RUNS_CHOREO, RUNS_NCCL = "choreo", "nccl"
+RANGES = Gauge("choreo_tenant_size_ranges",
+               "Size ranges of the tenant's collective by who runs them: choreo's file, or NCCL "
+               "where it is predicted faster (no file is shipped there)",
+               (*TENANT, "runs"), registry=REGISTRY)
 RESYNTHESES = Counter("choreo_resynthesis_total",
                       "Synthesis requests per tenant group by trigger and result",
                       ("reason", "result"), registry=REGISTRY)
@@ -39,6 +48,9 @@ def set_phases(counts: dict[str, int]) -> None:
 
 def forget_tenant(namespace: str, job: str, collectives: list[str]) -> None:
     for c in collectives:
-        for gauge in (BUSBW, BOUND):
+        for gauge in (BUSBW, BOUND, VS_NCCL):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, job, c)
+        for runs in (RUNS_CHOREO, RUNS_NCCL):
+            with contextlib.suppress(KeyError):
+                RANGES.remove(namespace, job, c, runs)

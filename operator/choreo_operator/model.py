@@ -133,6 +133,9 @@ class Selector:
         return True
 
 
+SHIP_ANYWAY = "ShipSchedule"  # spec.whenNcclFaster: ship files NCCL is predicted to beat
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A CollectiveJob's spec plus the status fields the operator resumes from."""
@@ -150,6 +153,7 @@ class JobSpec:
     dialect: str = "executor"
     instances: int = 1
     protocol: str = "Simple"
+    when_nccl_faster: str = "RunNccl"  # or ShipSchedule
     config_map: str | None = None
     parts: tuple[tuple[str, int, int, int], ...] = ()  # name, first, last rank, pod rank
     files: tuple[str, ...] = ()
@@ -297,7 +301,9 @@ def job_spec(body: Body) -> JobSpec:
         gpus_per_pod=_opt_int(spec.get("gpusPerPod")), weight=float(spec.get("weight", 1.0)),
         isolation=str(spec.get("isolation", "Joint")),
         dialect=str(spec.get("dialect", "executor")), instances=int(spec.get("instances", 1)),
-        protocol=str(spec.get("protocol", "Simple")), config_map=status.get("configMap"),
+        protocol=str(spec.get("protocol", "Simple")),
+        when_nccl_faster=str(spec.get("whenNcclFaster", "RunNccl")),
+        config_map=status.get("configMap"),
         parts=parts, files=tuple(status.get("files") or ()),
         inputs_hash=(status.get("lastSynthesis") or {}).get("inputsHash"),
         deleting=bool(meta.get("deletionTimestamp")),

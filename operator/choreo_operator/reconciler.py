@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from choreo.collectives import format_size
 from choreo.errors import ChoreoError
 from choreo_operator import metrics, results, status
 from choreo_operator.debounce import Debouncer
@@ -38,6 +39,7 @@ from choreo_operator.grouping import Group, Member, groups
 from choreo_operator.kube import ApiError
 from choreo_operator.model import (
     GROUP,
+    SHIP_ANYWAY,
     VERSION,
     DeviceFailureSpec,
     FabricSpec,
@@ -280,7 +282,8 @@ class Reconciler:
                 cap for j in group_jobs if (cap := self._state(j).bucket_cap) is not None])
             options = RequestOptions(first.dialect, first.instances, first.protocol,
                                      self.settings.restarts, buckets,
-                                     self.settings.call_timeout_seconds)
+                                     self.settings.call_timeout_seconds,
+                                     any(j.when_nccl_faster == SHIP_ANYWAY for j in group_jobs))
             fingerprint = sub.fingerprint()
             ranks = {j.key: [(s.pod, s.node, s.gpu) for s in
                              healthy_slots(placements[j.key], fabric)] for j in group_jobs}
@@ -468,16 +471,24 @@ class Reconciler:
         fabric = self._fabric
         assert fabric is not None
         slots = healthy_slots(pl, fabric)
-        schedule = results.Schedule(files={}, ranks=[
+        schedule = results.Schedule(files={}, dialect=job.dialect, ranks=[
             {"rank": r, "pod": s.pod, "node": s.node, "gpu": s.gpu} for r, s in enumerate(slots)])
         pod_ranks: dict[str, tuple[int, int]] = {}
         for r, s in enumerate(slots):
             lo, _ = pod_ranks.get(s.pod, (r, r))
             pod_ranks[s.pod] = (lo, r)
+        ship_anyway = job.when_nccl_faster == SHIP_ANYWAY
         for spec, coll in zip(job.collectives, result.collectives, strict=True):
             best = None
+            sizes: dict[tuple[int, int], results.SizeRange] = {}
             for b, bucket in enumerate(coll.buckets):
-                schedule.files[results.xml_key(spec.name, b)] = bucket_xml(bucket)
+                p = bucket.prediction
+                to_nccl = results.nccl_runs(bucket, ship_anyway)
+                sizes.setdefault((bucket.min_bytes, bucket.max_bytes), results.SizeRange(
+                    int(bucket.min_bytes), int(bucket.max_bytes), to_nccl,
+                    p.speedup_vs_nccl if p.nccl_choice else None))
+                if not to_nccl:
+                    schedule.files[results.xml_key(spec.name, b)] = bucket_xml(bucket)
                 if not bucket.verification.ok:
                     schedule.verified = False
                     schedule.errors.extend(bucket.verification.errors)
@@ -487,7 +498,9 @@ class Reconciler:
                 p = best.prediction
                 schedule.collectives.append(results.CollectiveResult(
                     spec.name, int(best.representative_bytes), p.time_seconds,
-                    p.busbw_bytes_per_second, p.lower_bound_seconds, p.fraction_of_bound))
+                    p.busbw_bytes_per_second, p.lower_bound_seconds, p.fraction_of_bound,
+                    p.nccl_time_seconds if p.nccl_choice else None, p.nccl_choice,
+                    tuple(sorted(sizes.values(), key=lambda r: r.min_bytes))))
         if not schedule.verified:
             await self._update_jobs([job], {
                 "Degraded": (True, "VerificationFailed", "; ".join(schedule.errors[:3])),
@@ -545,7 +558,9 @@ class Reconciler:
             except ApiError as err:
                 if err.status != 409:
                     raise
-                stale = {k: None for k in results.possible_files(job) if k not in alias["data"]}
+                stale = {k: None for k in (*results.possible_files(job),
+                                           *results.MSCCL_OFF[job.dialect])
+                         if k not in alias["data"]}
                 await self.api.merge_patch(f"{path}/{alias['metadata']['name']}",
                                            {"data": {**stale, **alias["data"]},
                                             "metadata": {"labels": alias["metadata"]["labels"]}})
@@ -553,8 +568,7 @@ class Reconciler:
         state.inputs_hash = plan.inputs_hash
         state.config_map = name
         first = schedule.collectives[0] if schedule.collectives else None
-        summary = (f"{first.busbw / 1e9:.1f} GB/s ({first.fraction_of_bound:.0%} of bound)"
-                   if first else "")
+        summary = first.summary() if first else ""
         extra = {
             "ranks": len(slots), "nodes": pl.nodes, "configMap": name,
             "configMapParts": [{"name": p.name, "firstRank": p.first, "lastRank": p.last,
@@ -574,8 +588,13 @@ class Reconciler:
                f"; synthesized alone ({plan.alone}) though it shares links with "
                f"{', '.join(others)}" if plan.alone else
                f"; jointly with {', '.join(others)}")
+        left_to_nccl = [f"{c.name} {format_size(r.min_bytes)}..{format_size(r.max_bytes)}"
+                        for c in schedule.collectives for r in c.nccl_ranges]
+        nccl_note = ("" if not left_to_nccl else "; NCCL is predicted faster and runs "
+                     + ", ".join(left_to_nccl) + " (no file for those sizes)")
         updates: dict[str, status.Update] = {
-            "Ready": (True, "Synthesized", f"schedule {name} for {len(slots)} ranks{how}"),
+            "Ready": (True, "Synthesized",
+                      f"schedule {name} for {len(slots)} ranks{how}{nccl_note}"),
             "Synthesizing": (False, "Done", f"synthesized in {seconds:.2f} s"),
             "Infeasible": (False, "Feasible", "every rank is connected"),
             "Degraded": ((True, "DevicesFailed", f"{failed} of {len(pl.slots)} placed GPUs "
@@ -586,8 +605,14 @@ class Reconciler:
                                 event=("Normal", "Synthesized"),
                                 event_message=f"schedule {name} ({summary}) after {reason}")
         for c in schedule.collectives:
-            metrics.BUSBW.labels(job.namespace, job.name, c.name).set(c.busbw)
-            metrics.BOUND.labels(job.namespace, job.name, c.name).set(c.fraction_of_bound)
+            labels = (job.namespace, job.name, c.name)
+            metrics.BUSBW.labels(*labels).set(c.busbw)
+            metrics.BOUND.labels(*labels).set(c.fraction_of_bound)
+            if c.speedup_vs_nccl is not None:
+                metrics.VS_NCCL.labels(*labels).set(c.speedup_vs_nccl)
+            for runs in (metrics.RUNS_CHOREO, metrics.RUNS_NCCL):
+                metrics.RANGES.labels(*labels, runs).set(
+                    sum(r.nccl_runs == (runs == metrics.RUNS_NCCL) for r in c.sizes))
         state.keep = {name} if not parts else {p.name for p in parts}
         return True
 

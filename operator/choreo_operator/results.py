@@ -31,20 +31,75 @@ MSCCL_DIR = "msccl"
 
 
 @dataclass(frozen=True)
+class SizeRange:
+    """Sizes ``min_bytes..max_bytes`` and who runs them: choreo's file, or NCCL where it is
+    predicted faster (no file: the MSCCL runtime falls back to NCCL)."""
+
+    min_bytes: int
+    max_bytes: int
+    nccl_runs: bool
+    speedup_vs_nccl: float | None  # NCCL's predicted time over choreo's
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"minBytes": self.min_bytes, "maxBytes": self.max_bytes,
+                               "runs": "NCCL" if self.nccl_runs else "choreo"}
+        if self.speedup_vs_nccl is not None:
+            doc["speedupVsNccl"] = round(self.speedup_vs_nccl, 4)
+        return doc
+
+
+@dataclass(frozen=True)
 class CollectiveResult:
+    """A collective's prediction at its largest size range, and who runs each range."""
+
     name: str
     size_bytes: int
     time_seconds: float
     busbw: float
     lower_bound_seconds: float
     fraction_of_bound: float
+    nccl_time_seconds: float | None = None
+    nccl_choice: str = ""
+    sizes: tuple[SizeRange, ...] = ()
+
+    @property
+    def speedup_vs_nccl(self) -> float | None:
+        if self.nccl_time_seconds is None or self.time_seconds <= 0:
+            return None
+        return self.nccl_time_seconds / self.time_seconds
+
+    @property
+    def nccl_ranges(self) -> tuple[SizeRange, ...]:
+        return tuple(r for r in self.sizes if r.nccl_runs)
 
     def status(self) -> dict[str, Any]:
-        return {"name": self.name, "sizeBytes": self.size_bytes,
-                "predictedTimeSeconds": self.time_seconds,
-                "predictedBusBandwidthBytesPerSecond": self.busbw,
-                "lowerBoundSeconds": self.lower_bound_seconds,
-                "fractionOfBound": self.fraction_of_bound}
+        doc: dict[str, Any] = {"name": self.name, "sizeBytes": self.size_bytes,
+                               "predictedTimeSeconds": self.time_seconds,
+                               "predictedBusBandwidthBytesPerSecond": self.busbw,
+                               "lowerBoundSeconds": self.lower_bound_seconds,
+                               "fractionOfBound": self.fraction_of_bound,
+                               "sizes": [r.status() for r in self.sizes]}
+        if self.speedup_vs_nccl is not None:
+            doc.update(predictedNcclTimeSeconds=self.nccl_time_seconds,
+                       ncclChoice=self.nccl_choice,
+                       speedupVsNccl=round(self.speedup_vs_nccl, 4))
+        return doc
+
+    def summary(self) -> str:
+        """For ``kubectl get``: bandwidth, bound and NCCL at the largest size range."""
+        vs = self.speedup_vs_nccl
+        if self.sizes and all(r.nccl_runs for r in self.sizes):
+            return f"NCCL runs ({1 / vs:.2f}x faster than choreo)" if vs else "NCCL runs"
+        text = f"{self.busbw / 1e9:.1f} GB/s ({self.fraction_of_bound:.0%} of bound"
+        return text + (f", {vs:.2f}x NCCL)" if vs is not None else ")")
+
+
+def nccl_runs(bucket: Any, ship_anyway: bool) -> bool:
+    """Whether NCCL, not a file, serves ``bucket``'s sizes: the synthesizer shipped no file
+    there, or this job does not want a file NCCL is predicted to beat."""
+    p = bucket.prediction
+    return bool(bucket.nccl_runs) or (not ship_anyway and bool(p.nccl_choice)
+                                      and p.speedup_vs_nccl < 1)
 
 
 @dataclass
@@ -56,9 +111,14 @@ class Schedule:
     collectives: list[CollectiveResult] = field(default_factory=list)
     verified: bool = True
     errors: list[str] = field(default_factory=list)
+    dialect: str = "executor"
 
     def data(self) -> dict[str, str]:
-        return {**self.files, RANKS_KEY: json.dumps(self.ranks, separators=(",", ":"))}
+        """The ConfigMap's keys. With no XML at all (NCCL is faster at every size) it also
+        holds the switch that turns MSCCL off, for pods admitted before the schedule existed
+        (they read it through ``env[].valueFrom``)."""
+        off = {} if self.files else dict.fromkeys(MSCCL_OFF[self.dialect], "0")
+        return {**self.files, **off, RANKS_KEY: json.dumps(self.ranks, separators=(",", ":"))}
 
     def content_hash(self) -> str:
         h = hashlib.sha256()
@@ -176,10 +236,25 @@ def volume_items(files: Sequence[str]) -> list[dict[str, str]]:
     return items
 
 
-def pod_env(files: Sequence[str]) -> dict[str, str]:
+# The runtime's switch, read at communicator creation (NCCL_PARAM adds the NCCL_ prefix;
+# RCCL reads its own RCCL_ one too). The legacy runtime runs MSCCL only where NCCL_ALGO names
+# it, so leaving that unset turns it off.
+MSCCL_OFF = {"executor": ("NCCL_MSCCL_ENABLE",),
+             "rccl": ("NCCL_MSCCL_ENABLE", "RCCL_MSCCL_ENABLE"), "legacy": ()}
+
+
+def pod_env(files: Sequence[str], dialect: str) -> dict[str, str]:
+    """What the dialect's runtime reads to load the files.
+
+    The executor (and RCCL) load every file in ``MSCCL_ALGO_DIR`` and leave every other call
+    to NCCL's own choice, NVLS, PAT and trees included, so ``NCCL_ALGO`` stays the pod's own.
+    The legacy runtime (an NCCL 2.12 fork: rings and trees only) loads ``MSCCL_XML_FILES``
+    and needs MSCCL in ``NCCL_ALGO``. With no file at all MSCCL is switched off: the executor
+    fails communicator creation when ``MSCCL_ALGO_DIR`` does not exist.
+    """
     xml = [f"{MOUNT_PATH}/{MSCCL_DIR}/{k}" for k in sorted(files) if k.endswith(".xml")]
-    return {
-        "MSCCL_ALGO_DIR": f"{MOUNT_PATH}/{MSCCL_DIR}",
-        "MSCCL_XML_FILES": ":".join(xml),
-        "NCCL_ALGO": "MSCCL,RING,TREE",
-    }
+    if not xml:
+        return dict.fromkeys(MSCCL_OFF[dialect], "0")
+    if dialect == "legacy":
+        return {"MSCCL_XML_FILES": ":".join(xml), "NCCL_ALGO": "MSCCL,RING,TREE"}
+    return {"MSCCL_ALGO_DIR": f"{MOUNT_PATH}/{MSCCL_DIR}"}

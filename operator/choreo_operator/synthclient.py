@@ -45,6 +45,7 @@ class RequestOptions:
     restarts: int = 2
     max_buckets: int = 4
     deadline_seconds: float = 30.0
+    ship_slower_than_nccl: bool = False  # a member asked for files NCCL would beat
 
 
 @dataclass(eq=False)
@@ -65,7 +66,8 @@ def build_request(fabric: Topology, tenants: Sequence[TenantRequest], options: R
                            instances=options.instances, proto=options.protocol,
                            deadline_seconds=options.deadline_seconds,
                            max_buckets=options.max_buckets,
-                           xml_encoding=pb.Options.XML_GZIP))
+                           xml_encoding=pb.Options.XML_GZIP,
+                           ship_slower_than_nccl=options.ship_slower_than_nccl))
     for t in tenants:
         specs = []
         for c in t.collectives:

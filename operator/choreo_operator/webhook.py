@@ -2,8 +2,10 @@
 
 A pod selected by a CollectiveJob that has a schedule gets the schedule's ConfigMap as a
 read-only volume at ``/etc/choreo`` (XML under ``msccl/``, the rank table at the root) and
-``MSCCL_ALGO_DIR``, ``MSCCL_XML_FILES`` and ``NCCL_ALGO`` in every container, unless the
-container sets them itself. Pods that already mount a choreo volume are left alone.
+what its dialect's runtime reads (``results.pod_env``) in every container, unless the
+container sets it itself. A pod admitted before the schedule exists mounts the job's alias
+ConfigMap and reads the switch that turns MSCCL off from it, in case NCCL turns out faster at
+every size. Pods that already mount a choreo volume are left alone.
 """
 
 from __future__ import annotations
@@ -54,22 +56,25 @@ def mutation(pod: Mapping[str, Any], jobs: Iterable[JobSpec]) -> dict[str, Any] 
     job = find_job(pod, jobs)
     if job is None:
         return None
-    name = schedule_for(pod, job) if job.files else None
+    name = schedule_for(pod, job) if job.config_map else None
+    env: list[dict[str, Any]]
     if name is not None:
         files = list(job.files)
         source: dict[str, Any] = {"name": name, "items": results.volume_items(files)}
+        env = [{"name": k, "value": v} for k, v in results.pod_env(files, job.dialect).items()]
     else:  # no schedule yet: the alias, filled in (and refreshed by the kubelet) once it exists
         name = results.alias_name(job.name)
         files = results.possible_files(job)
         source = {"name": name, "items": results.volume_items(files), "optional": True}
+        env = [{"name": k, "value": v} for k, v in results.pod_env(files, job.dialect).items()]
+        env += [{"name": k, "valueFrom": {"configMapKeyRef": {
+            "name": name, "key": k, "optional": True}}} for k in results.MSCCL_OFF[job.dialect]]
     volumes.append({"name": VOLUME, "configMap": {**source, "defaultMode": 0o444}})
-    env = results.pod_env(files)
     containers = []
     for c in spec.get("containers") or []:
         c = copy.deepcopy(c)
         have = {e.get("name") for e in c.get("env") or []}
-        c["env"] = list(c.get("env") or []) + [{"name": k, "value": v} for k, v in env.items()
-                                               if k not in have]
+        c["env"] = list(c.get("env") or []) + [e for e in env if e["name"] not in have]
         mounts = list(c.get("volumeMounts") or [])
         mounts.append({"name": VOLUME, "mountPath": results.MOUNT_PATH, "readOnly": True})
         c["volumeMounts"] = mounts

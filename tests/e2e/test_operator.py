@@ -7,6 +7,7 @@ Every wait is bounded, every process is stopped by PID.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import time
 import urllib.request
@@ -156,6 +157,13 @@ def test_two_tenants_sharing_links_get_verified_schedules(tenants: Stack) -> Non
         coll = status["collectives"][0]
         assert coll["name"] == "grads" and coll["predictedBusBandwidthBytesPerSecond"] > 0
         assert 0 < coll["fractionOfBound"] <= 1.0 + 1e-9
+        # against NCCL as it runs, and who runs each size range: NCCL where it is faster
+        assert coll["speedupVsNccl"] > 0 and coll["ncclChoice"], coll
+        sizes = coll["sizes"]
+        assert sizes[0]["minBytes"] == 1 << 20 and sizes[-1]["maxBytes"] == 1 << 26
+        assert all(a["maxBytes"] + 1 == b["minBytes"] for a, b in itertools.pairwise(sizes))
+        assert all((r["runs"] == "NCCL") == (r["speedupVsNccl"] < 1) for r in sizes), sizes
+        assert len(status["files"]) == sum(r["runs"] == "choreo" for r in sizes)
         cms = st.configmaps(tenant)
         cm = cms[status["configMap"]]
         assert cm["immutable"] is True
@@ -182,6 +190,12 @@ def test_two_tenants_sharing_links_get_verified_schedules(tenants: Stack) -> Non
                          namespace=st.ns, job=tenant, collective="grads") or 0) > 0
         assert (T.metric(text, "choreo_tenant_bound_fraction", namespace=st.ns, job=tenant,
                          collective="grads") or 0) > 0
+        assert (T.metric(text, "choreo_tenant_predicted_speedup_vs_nccl", namespace=st.ns,
+                         job=tenant, collective="grads") or 0) > 0
+        ranges = [T.metric(text, "choreo_tenant_size_ranges", namespace=st.ns, job=tenant,
+                           collective="grads", runs=runs) for runs in ("choreo", "nccl")]
+        assert None not in ranges and sum(ranges) == len(  # type: ignore[arg-type]
+            st.job(tenant)["status"]["collectives"][0]["sizes"])
     assert (T.metric(text, "choreo_tenants", phase="Ready") or 0) >= 2
     assert (T.metric(text, "choreo_resynthesis_latency_seconds_count") or 0) >= 1
 
@@ -210,8 +224,8 @@ def test_job_pods_get_schedule_volume_and_env(tenants: Stack) -> None:
                                           } | {"ranks.json"}
     container = created["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["MSCCL_ALGO_DIR"] == "/etc/choreo/msccl"
-    assert env["MSCCL_XML_FILES"].split(":")[0].startswith("/etc/choreo/msccl/grads-")
+    assert env["MSCCL_ALGO_DIR"] == "/etc/choreo/msccl"  # the executor reads the folder
+    assert "MSCCL_XML_FILES" not in env  # only the legacy runtime reads a list
     assert env["NCCL_ALGO"] == "MSCCL,RING"  # the pod's own setting wins
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["choreo-schedule"]["mountPath"] == "/etc/choreo"

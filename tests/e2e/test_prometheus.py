@@ -54,7 +54,8 @@ FAMILIES = {
                     "choreo_synthesizer_synthesis_duration_seconds_bucket",
                     "choreo_synthesizer_queue_depth", "choreo_synthesizer_cache_hits_total"],
     "operator": ["choreo_tenant_predicted_busbw_bytes_per_second",
-                 "choreo_tenant_bound_fraction", "choreo_resynthesis_total",
+                 "choreo_tenant_bound_fraction", "choreo_tenant_predicted_speedup_vs_nccl",
+                 "choreo_tenant_size_ranges", "choreo_resynthesis_total",
                  "choreo_resynthesis_latency_seconds_bucket", "choreo_tenants"],
     "agent": ["choreo_link_alpha_seconds", "choreo_link_bandwidth_bytes_per_second",
               "choreo_link_healthy", "choreo_probe_duration_seconds_bucket"],
@@ -294,7 +295,8 @@ def test_dashboard_renders_to_png(stack: Stack) -> None:
     # Measured runs at 86-90% of the prediction once both have been scraped.
     assert ratio.series and all(0.8 < s.values[-1] < 0.95 for _, s in ratio.series), [
         s.values for _, s in ratio.series]
-    for title in ("Fraction of the lower bound", "Resynthesis events by reason",
+    for title in ("Predicted speedup vs NCCL as it runs", "Size ranges left to NCCL",
+                  "Fraction of the lower bound", "Resynthesis events by reason",
                   "Failure to new schedule latency", "Link latency α per node",
                   "Link bandwidth 1/β per node", "Unhealthy links per node"):
         assert by_title[title].points > 0, title

@@ -54,6 +54,8 @@ def test_datasource_is_a_variable_everywhere() -> None:
 def test_panels_cover_the_issue() -> None:
     titles = [p["title"] for p in promql.panels(promql.load(DASHBOARD))]
     assert titles == [
+        "Predicted speedup vs NCCL as it runs",
+        "Size ranges left to NCCL",
         "Bus bandwidth per tenant and collective: predicted vs measured",
         "Measured / predicted bus bandwidth",
         "Fraction of the lower bound",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from choreo_operator import results, status, webhook
 from choreo_operator.debounce import Debouncer
 from choreo_operator.fabric import build_fabric
@@ -109,6 +111,73 @@ def test_webhook_mutation() -> None:
     assert early is not None
     assert early["volumes"][-1]["configMap"]["name"] == "a-schedule"
     assert early["volumes"][-1]["configMap"]["optional"] is True
+
+
+def _scheduled_job(status: dict, dialect: str = "executor") -> JobSpec:
+    return job_spec({"metadata": {"name": "a", "namespace": "ns", "uid": "u"},
+                     "spec": {"selector": {"matchLabels": {"t": "a"}}, "dialect": dialect,
+                              "collectives": [{"name": "grads", "collective": "allreduce",
+                                               "minBytes": 1, "maxBytes": 2}]},
+                     "status": status})
+
+
+def _env(change: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom"))
+            for e in change["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize(("dialect", "expected"), [
+    ("executor", {"MSCCL_ALGO_DIR": "/etc/choreo/msccl"}),
+    ("rccl", {"MSCCL_ALGO_DIR": "/etc/choreo/msccl"}),
+    ("legacy", {"MSCCL_XML_FILES": "/etc/choreo/msccl/grads-0.xml",
+                "NCCL_ALGO": "MSCCL,RING,TREE"}),
+])
+def test_pods_get_what_their_runtime_reads_and_nccl_keeps_its_own_choice(dialect, expected):
+    """The executor leaves NCCL_ALGO alone: calls without a file run NCCL's own choice,
+    NVLS included, which a restricting NCCL_ALGO would forbid."""
+    pod = {"metadata": {"namespace": "ns", "labels": {"t": "a"}},
+           "spec": {"containers": [{"name": "c"}]}}
+    change = webhook.mutation(pod, [_scheduled_job({"configMap": "a-1", "files": ["grads-0.xml"]},
+                                         dialect)])
+    assert _env(change) == expected
+
+
+@pytest.mark.parametrize("dialect", ["executor", "rccl", "legacy"])
+def test_a_schedule_nccl_beats_at_every_size_switches_msccl_off(dialect):
+    """No file at all: the executor would fail communicator creation on a missing
+    MSCCL_ALGO_DIR, so MSCCL is off; the ConfigMap carries the switch for early pods."""
+    pod = {"metadata": {"namespace": "ns", "labels": {"t": "a"}},
+           "spec": {"containers": [{"name": "c"}]}}
+    change = webhook.mutation(pod, [_scheduled_job({"configMap": "a-1", "files": []}, dialect)])
+    assert _env(change) == dict.fromkeys(results.MSCCL_OFF[dialect], "0")
+    assert change["volumes"][-1]["configMap"]["items"] == [
+        {"key": "ranks.json", "path": "ranks.json"}]
+    data = results.Schedule(files={}, ranks=[], dialect=dialect).data()
+    assert {k: v for k, v in data.items() if k != "ranks.json"} == dict.fromkeys(
+        results.MSCCL_OFF[dialect], "0")
+    assert "NCCL_MSCCL_ENABLE" not in results.Schedule(
+        files={"grads-0.xml": "<algo/>"}, ranks=[]).data()
+    early = _env(webhook.mutation(pod, [_scheduled_job({}, dialect)]))
+    for key in results.MSCCL_OFF[dialect]:
+        assert early[key] == {"configMapKeyRef": {"name": "a-schedule", "key": key,
+                                                  "optional": True}}
+
+
+def test_collective_status_leads_with_nccl_and_names_who_runs_each_range() -> None:
+    ranges = (results.SizeRange(1, 63, False, 1.8), results.SizeRange(64, 1024, True, 0.8))
+    c = results.CollectiveResult("grads", 256, 1e-3, 400e9, 0.9e-3, 0.9, 1.25e-3,
+                                 "ring/simple, 16 channels", ranges)
+    doc = c.status()
+    assert doc["speedupVsNccl"] == 1.25 and doc["ncclChoice"].startswith("ring/")
+    assert [r["runs"] for r in doc["sizes"]] == ["choreo", "NCCL"]
+    assert c.summary() == "400.0 GB/s (90% of bound, 1.25x NCCL)"
+    assert c.nccl_ranges == ranges[1:]
+    everything = results.CollectiveResult("grads", 256, 1e-3, 400e9, 0.9e-3, 0.9, 0.8e-3,
+                                          "nvls/simple, 16 channels",
+                                          (results.SizeRange(1, 1024, True, 0.8),))
+    assert everything.summary() == "NCCL runs (1.25x faster than choreo)"
+    unknown = results.CollectiveResult("grads", 256, 1e-3, 400e9, 0.9e-3, 0.9)
+    assert "speedupVsNccl" not in unknown.status() and unknown.summary().endswith("bound)")
 
 
 def test_pod_info_reads_gpus_and_mounts() -> None:
