@@ -410,6 +410,17 @@ def _apply_failure(f: DeviceFailureSpec, topo: Topology, ids: Mapping[str, int],
             return f"node {f.node}: GPU {f.gpu} has no link to NIC {f.nic}"
         bad_links.update(found)
         return None
+    if f.switch is not None:
+        gid, sw = ids.get(f"{f.node}/gpu{f.gpu}"), ids.get(f"{f.node}/{f.switch}")
+        if gid is None:
+            return f"node {f.node} has no GPU {f.gpu}"
+        if sw is None:
+            return f"node {f.node} has no switch {f.switch}"
+        found = _between(topo, gid, sw)
+        if not found:
+            return f"node {f.node}: GPU {f.gpu} has no link to switch {f.switch}"
+        bad_links.update(found)
+        return None
     a, p = ids.get(f"{f.node}/gpu{f.gpu}"), ids.get(f"{f.node}/gpu{f.peer_gpu}")
     if a is None or p is None:
         return f"node {f.node} has no GPU {f.gpu if a is None else f.peer_gpu}"

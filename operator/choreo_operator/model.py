@@ -86,6 +86,7 @@ class DeviceFailureSpec:
     gpu: int | None = None
     peer_gpu: int | None = None
     nic: str | None = None
+    switch: str | None = None  # a link from ``gpu`` to this switch of the node
     resolved: bool = False
     reason: str = ""
 
@@ -261,6 +262,7 @@ def device_failure_spec(body: Body) -> DeviceFailureSpec:
         name=body["metadata"]["name"], node=str(spec.get("node", "")),
         type=str(device.get("type", "gpu")), gpu=_opt_int(device.get("gpu")),
         peer_gpu=_opt_int(device.get("peerGPU")), nic=device.get("nic"),
+        switch=device.get("switch"),
         resolved=bool(spec.get("resolved", False)), reason=str(spec.get("reason", "")))
 
 

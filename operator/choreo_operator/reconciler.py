@@ -130,6 +130,7 @@ class JobState:
     keep: set[str] = field(default_factory=set)  # ConfigMaps of the current schedule
     mounted: frozenset[str] | None = None
     bucket_cap: int | None = None  # fewer size buckets, learned when files were too large
+    gauged: tuple[str, ...] = ()  # collectives with per-tenant gauges set
 
 
 def job_path(namespace: str, name: str, sub: str = "") -> str:
@@ -218,8 +219,9 @@ class Reconciler:
         placements = place(jobs, inputs.pods, fabric)
         live = {j.key for j in jobs}
         for key in list(self.jobs):
-            if key not in live:
-                self.jobs.pop(key)
+            if key not in live:  # deleted: its per-tenant series go with it
+                namespace, name = key.split("/", 1)
+                metrics.forget_tenant(namespace, name, list(self.jobs.pop(key).gauged))
         plans: list[GroupPlan] = []
         blocked: dict[str, tuple[str, str, str]] = {}  # job -> condition, reason, message
         if fabric is not None:
@@ -604,6 +606,9 @@ class Reconciler:
         await self._update_jobs([job], updates, extra=extra,
                                 event=("Normal", "Synthesized"),
                                 event_message=f"schedule {name} ({summary}) after {reason}")
+        gone = [c for c in state.gauged if c not in {x.name for x in schedule.collectives}]
+        metrics.forget_tenant(job.namespace, job.name, gone)
+        state.gauged = tuple(c.name for c in schedule.collectives)
         for c in schedule.collectives:
             labels = (job.namespace, job.name, c.name)
             metrics.BUSBW.labels(*labels).set(c.busbw)

@@ -411,3 +411,54 @@ def test_operator_killed_mid_resynthesis_converges(tenants: Stack) -> None:
     st.cluster.client.delete(f"{GROUP}/devicefailures/e2e-kill")
     st.wait_status("ta", "Ready again", lambda s: s.get("configMap") == before
                    and s.get("phase") == "Ready", timeout=60)
+
+
+def test_a_failed_link_to_the_nvswitch_takes_that_link_down(tenants: Stack) -> None:
+    """``device.switch`` names a GPU's link to its NVSwitch (as the agent reports it): the
+    operator applies it and resynthesizes; it is not read as a GPU pair."""
+    st = tenants
+    before = st.job("ta")["status"]
+    st.cluster.apply({"apiVersion": "choreo.dev/v1alpha1", "kind": "DeviceFailure",
+                      "metadata": {"name": "e2e-nvlink"},
+                      "spec": {"node": st.nodes[0], "device": {"type": "link", "gpu": 1,
+                                                              "switch": "sw-nvswitch"},
+                               "source": "manual"}})
+
+    def applied() -> dict[str, Any] | None:
+        s = st.cluster.client.get(f"{GROUP}/devicefailures/e2e-nvlink").get("status") or {}
+        return s if s.get("conditions") else None
+
+    failure = st.cluster.wait_for(applied, "the failure's status", timeout=60)
+    cond = next(c for c in failure["conditions"] if c["type"] == "Applied")
+    assert cond["status"] == "True", cond
+    assert failure["affected"] == [f"{st.ns}/ta"]
+    after = st.wait_status(
+        "ta", "a schedule for the fabric without the link",
+        lambda s: s if s.get("lastSynthesis", {}).get("fabricFingerprint")
+        != before["lastSynthesis"]["fabricFingerprint"] and s.get("phase") == "Ready" else None,
+        timeout=60)
+    assert after["ranks"] == 8  # the GPU keeps its other NVLinks and stays in the schedule
+    st.cluster.client.delete(f"{GROUP}/devicefailures/e2e-nvlink")
+    st.wait_status("ta", "the original schedule back",
+                   lambda s: s.get("configMap") == before["configMap"]
+                   and s.get("phase") == "Ready", timeout=60)
+
+
+def test_deleting_a_job_drops_its_metric_series(tenants: Stack) -> None:
+    st = tenants
+    series = ("choreo_tenant_predicted_busbw_bytes_per_second",
+              "choreo_tenant_bound_fraction", "choreo_tenant_predicted_speedup_vs_nccl")
+
+    def present() -> list[str]:
+        text = st.metrics()
+        return [s for s in series if T.metric(text, s, namespace=st.ns, job="tb",
+                                              collective="grads") is not None]
+
+    assert present() == list(series)
+    st.cluster.client.delete(f"{GROUP}/namespaces/{st.ns}/collectivejobs/tb")
+    st.cluster.wait_for(lambda: not present() or None, "tb's series to go", timeout=60)
+    text = st.metrics()
+    assert T.metric(text, "choreo_tenant_size_ranges", namespace=st.ns, job="tb",
+                    collective="grads", runs="choreo") is None
+    assert T.metric(text, "choreo_tenant_bound_fraction", namespace=st.ns, job="ta",
+                    collective="grads") is not None

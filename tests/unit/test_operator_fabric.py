@@ -185,3 +185,23 @@ def test_fabric_spec_from_body() -> None:
         "nodes": [{"name": "b", "position": 1}, {"name": "a", "position": 0}],
         "intraNode": {"preset": "dgx1"}, "interNode": {"type": "torus", "dims": [2]}}})
     assert spec.nodes == (("a", 0), ("b", 1)) and spec.preset == "dgx1" and spec.dims == (2,)
+
+
+def test_a_failed_gpu_to_nvswitch_link_is_applied() -> None:
+    """The CRD and the agent name a GPU's link to its NVSwitch with ``device.switch``; the
+    operator must take that link down, not look for a GPU pair."""
+    from choreo_operator.model import device_failure_spec
+
+    def failure(name: str, switch: str) -> DeviceFailureSpec:
+        return device_failure_spec({"metadata": {"name": name}, "spec": {
+            "node": "n0", "device": {"type": "link", "gpu": 3, "switch": switch}}})
+
+    fab = build_fabric(_spec(2, inter_type="rail", rails=8), {},
+                       [failure("down", "sw-nvswitch"), failure("bad", "sw-none")])
+    topo = fab.topology
+    gpu3, nvswitch = topo.names.index("n0/gpu3"), topo.names.index("n0/sw-nvswitch")
+    port = [lk for lk in topo.links if {lk.src, lk.dst} == {gpu3, nvswitch}]
+    assert port and not any(lk.healthy for lk in port)
+    assert sum(not lk.healthy for lk in topo.links) == len(port)
+    assert set(fab.problems) == {"bad"}
+    assert "sw-none" in fab.problems["bad"]
