@@ -14,9 +14,10 @@ from choreo.nccl import nccl_baseline
 from choreo.nccl.channels import build as build_channels
 from choreo.nccl.channels import search
 from choreo.nccl.fabric import describe
+from choreo.nccl.model import nvls_chunk_size
 from choreo.nccl.schedule import ring_schedule
 from choreo.nccl.traffic import sends
-from choreo.nccl.tuning import PAT, estimates
+from choreo.nccl.tuning import PAT, choose, estimates
 from choreo.simulate import simulate
 from choreo.topology import Topology
 from choreo.verify import verify
@@ -24,6 +25,7 @@ from choreo.verify import verify
 C = Collective
 GIB = 1 << 30
 MIB = 1 << 20
+KIB = 1 << 10
 
 
 def _demand(fabric: Topology, c: Collective = C.ALLREDUCE, size: int = GIB) -> Demand:
@@ -114,6 +116,51 @@ def test_nvls_moves_each_buffer_up_once_and_the_result_down_once() -> None:
     assert len(sent.direct) == 16
     for i, b in sent.direct.items():
         assert b == pytest.approx(s + s / 8), fabric.links[i]
+
+
+# ---- the NVLS kernel's pipeline -------------------------------------------------------------
+def test_nvls_chunk_size_follows_calc_coll_chunking() -> None:
+    """min(4 MiB / NCCL_STEPS, 128 KiB), then 64 KiB below 64 x heads x chunk bytes per
+    channel, 32 KiB below 8 x heads x chunk, 16 KiB below 2 x heads x chunk."""
+    assert nvls_chunk_size(512 * MIB, 8) == 128 * KIB  # 8 GiB over 16 channels
+    assert nvls_chunk_size(64 * MIB, 8) == 128 * KIB  # 1 GiB: not below 64 x 8 x 128 KiB
+    assert nvls_chunk_size(64 * MIB - 1, 8) == 64 * KIB
+    assert nvls_chunk_size(8 * MIB, 8) == 64 * KIB  # 128 MiB: not below 8 x 8 x 64 KiB
+    assert nvls_chunk_size(4 * MIB - 1, 8) == 32 * KIB
+    assert nvls_chunk_size(MIB, 8) == 32 * KIB  # 16 MiB: not below 2 x 8 x 32 KiB
+    assert nvls_chunk_size(512 * KIB - 1, 8) == 16 * KIB
+    assert nvls_chunk_size(16 * MIB, 4) == 64 * KIB  # below 32 MiB, not below 2 MiB
+
+
+def test_nvls_allreduce_on_one_node_pays_its_pipeline_fill_and_drain() -> None:
+    """Each of 16 channels runs its share in steps of 8 heads x chunk through scatter, reduce
+    and gather: two step times more than the steady state, at the channel's rate."""
+    fabric = build("dgx-h100-1")
+    fab = describe(fabric, fabric.npus)
+    graphs = search(fab)
+    runtime = build_channels(fab, graphs).n_channels
+    nvls_bw = 8 * 40e9 * 5 / 6  # NCCL's NVLS AllReduce bandwidth: 8 heads x 40 GB/s x 5/6
+    for size, chunk in ((16 * MIB, 32 * KIB), (128 * MIB, 64 * KIB), (GIB, 128 * KIB),
+                        (8 * GIB, 128 * KIB)):
+        r = nccl_baseline(fabric, _demand(fabric, size=size))
+        assert (r.algorithm, r.channels) == ("nvls", 16)
+        assert r.latency_s == pytest.approx(25e-6)  # NCCL's NVLS latency, unchanged
+        assert r.bandwidth_s == pytest.approx(size / nvls_bw)
+        per_channel = size / 16
+        assert r.pipeline_s == pytest.approx(2 * 8 * chunk / per_channel * r.bandwidth_s)
+        assert r.seconds == pytest.approx(r.latency_s + r.bandwidth_s + r.pipeline_s)
+        # the fill is what really happens, not part of NCCL's cost model: same choice
+        pick = choose(estimates(fab, graphs, C.ALLREDUCE, float(size), runtime), float(size))
+        assert (pick.algorithm, pick.protocol) == (r.algorithm, r.protocol)
+    # 16 MiB by hand: 25 us + 16 MiB / 266.7 GB/s (62.9 us) + 2 x 256 KiB of 1 MiB (31.5 us)
+    r = nccl_baseline(fabric, _demand(fabric, size=16 * MIB))
+    assert r.seconds == pytest.approx(119.37e-6, rel=1e-3)
+    assert "pipeline fill and drain 31.5 us" in r.explanation
+    # rings have no fill (every hop busy from the first step); NVLSTree is not modelled here
+    assert nccl_baseline(fabric, _demand(fabric, size=16 * MIB),
+                         algorithms=["ring"]).pipeline_s == 0.0
+    two = build("dgx-h100-2")
+    assert nccl_baseline(two, _demand(two, size=16 * MIB)).pipeline_s == 0.0
 
 
 # ---- NCCL's choices -------------------------------------------------------------------------
@@ -313,8 +360,8 @@ def test_calibration_reports_every_measured_row() -> None:
         lo, hi = m.busbw
         model = row.value * (lo + hi) / 2
         assert row.ok == (0.85 * lo <= model <= 1.15 * hi)
-    # every row but NVLS at 16 MiB (NCCL's 25 us NVLS latency is far below what that size
-    # shows; reported, not fitted) is within 15%
-    missed = [r.case for r in rows if not r.ok]
-    assert missed == [rows[3].case] and "16 MiB" in rows[3].case
-    assert exit_code(rows) == 1
+    # every row is within 15%; NVLS at 16 MiB only with the kernel's pipeline fill (NCCL's
+    # 25 us NVLS latency alone put it at 1.43)
+    assert [r.case for r in rows if not r.ok] == []
+    assert "16 MiB" in rows[3].case and rows[3].value == pytest.approx(1.051, abs=0.002)
+    assert exit_code(rows) == 0

@@ -13,6 +13,9 @@ slower, never faster:
 * the latency is NCCL's modelled latency for the choice, or the sum of the link alphas along
   its critical path of steps where that is larger.
 
+NVLS AllReduce on one node also pays its kernel's pipeline fill and drain (``nvls_fill_s``),
+which NCCL's cost model does not know about: it sets the time, not the choice.
+
 Protocols pay their wire overhead on the links (LL sends a flag with every 8 bytes, LL128
 with every 128).
 """
@@ -53,6 +56,19 @@ C = Collective
 WIRE_EFFICIENCY = {LL: 0.5, LL128: 120.0 / 128.0, SIMPLE: 1.0}
 P2P_COLLECTIVES = (C.ALLTOALL, C.GATHER, C.SCATTER)
 
+KIB = 1 << 10
+NCCL_STEPS = 8  # src/include/device.h
+DEFAULT_BUFFSIZE = 4 << 20  # buffSizes[NCCL_PROTO_SIMPLE] (NCCL_BUFFSIZE default, 4 MiB)
+NVLS_CHUNKSIZE = 128 * KIB  # NCCL_NVLS_CHUNKSIZE default (src/transport/nvls.cc)
+# scheduleCollTasksToPlan (src/enqueue.cc): channels get whole cells of MinTrafficPerChannel
+# (16 KiB) of traffic; AllReduce traffic is 2 bytes per byte, so a cell holds 8 KiB
+NVLS_CELL = 16 * KIB // 2
+# RunWorkColl<AllReduce, NVLS, SIMPLE> on one node (src/device/all_reduce.h): every channel
+# runs three warp groups one after another on each step: scatter (sendbuff into the heads'
+# buffers), reduce (multimem.ld_reduce + multimem.st through the switch), gather (into
+# recvbuff)
+NVLS_STAGES = 3
+
 
 @dataclass(frozen=True)
 class NcclResult:
@@ -68,6 +84,7 @@ class NcclResult:
     bandwidth_s: float  # the larger of wire_s and NCCL's own bandwidth term
     wire_s: float  # what the busiest link needs for all channels' bytes
     explanation: str
+    pipeline_s: float = 0.0  # pipeline fill and drain NCCL's model leaves out (NVLS)
 
     @property
     def choice(self) -> str:
@@ -113,16 +130,61 @@ def _timed(fab: NcclFabric, ch: Channels, d: Demand, pick: Estimate) -> NcclResu
     bandwidth_s = max(wire_s, model_s)
     alpha_s = _alpha_path(fab, sent, loads)
     latency_s = max(pick.latency_us * 1e-6, alpha_s)
-    seconds = latency_s + bandwidth_s
+    pipeline_s = 0.0
+    if pick.algorithm == NVLS and d.collective is C.ALLREDUCE and fab.n_nodes == 1:
+        pipeline_s = nvls_fill_s(s, ch.graphs[NVLS].n_channels, bandwidth_s)
+    seconds = latency_s + bandwidth_s + pipeline_s
     channels = NVLS_CHANNELS if pick.algorithm in (NVLS, NVLS_TREE) else ch.n_channels
     limit = (f"the links (busiest {loads.describe(link)})" if wire_s >= model_s and link >= 0
              else "NCCL's own bandwidth model")
+    fill = (f", pipeline fill and drain {pipeline_s * 1e6:.1f} us" if pipeline_s > 0 else "")
     why = (f"NCCL {fab.arch}: {fab.n_ranks} ranks on {fab.n_nodes} node(s), "
            f"{pick.algorithm}/{pick.protocol} on {channels} channels (its model: "
            f"{pick.latency_us:.1f} us + {s / 1e9 / pick.bandwidth_gbs * 1e3:.3f} ms); "
-           f"time {seconds * 1e3:.3f} ms, bandwidth set by {limit}")
+           f"time {seconds * 1e3:.3f} ms, bandwidth set by {limit}{fill}")
     return _result(d, seconds, pick.algorithm, pick.protocol, channels, latency_s, bandwidth_s,
-                   wire_s, why)
+                   wire_s, why, pipeline_s)
+
+
+def nvls_chunk_size(channel_bytes: float, heads: int) -> int:
+    """The chunk NCCL gives one NVLS channel of ``channel_bytes`` with ``heads`` NVLS heads
+    (one per GPU on one node): ``calcCollChunking`` in ``src/enqueue.cc`` (2.23+, called per
+    channel with ``nChannels=1``; 2.19-2.22 pass the whole size and all channels, the same
+    ratio). It starts from ``min(buffSizes[SIMPLE] / NCCL_STEPS, nvlsChunkSize)`` and halves
+    it for smaller sizes: 64 KiB below ``64 * heads * chunk`` bytes, 32 KiB below
+    ``8 * heads * chunk``, 16 KiB below ``2 * heads * chunk``."""
+    chunk = min(DEFAULT_BUFFSIZE // NCCL_STEPS, NVLS_CHUNKSIZE)
+    ops = heads  # concurrentOps = nChannels * nvls.nHeads
+    for factor, smaller in ((64, 64 * KIB), (8, 32 * KIB), (2, 16 * KIB)):
+        if channel_bytes < factor * ops * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def nvls_fill_s(nbytes: float, heads: int, bandwidth_s: float) -> float:
+    """Pipeline fill and drain of NCCL's one-node NVLS AllReduce kernel
+    (``RunWorkColl<ncclFuncAllReduce, T, RedOp, NCCL_ALGO_NVLS, NCCL_PROTO_SIMPLE>`` in
+    ``src/device/all_reduce.h``, the ``work->oneNode`` path).
+
+    Each of the ``NVLS_CHANNELS`` channels (``NCCL_NVLS_NCHANNELS``) takes its share of the
+    buffer (``scheduleCollTasksToPlan``: whole 8 KiB cells) and loops over it in steps of
+    ``nHeads * chunkSize`` (``loopCount``), the chunk from ``nvls_chunk_size``. Every step
+    passes through ``NVLS_STAGES`` warp groups in order (scatter, then the head's multimem
+    reduce and multicast, then gather), the next step following behind, so a channel needs
+    ``steps + NVLS_STAGES - 1`` step times: the first step has to be scattered before the
+    reduce starts, and the last one gathered after it ends. The stages are taken to run at the
+    channel's rate, the pipeline's throughput (the kernel splits its warps between them to
+    keep them even: 6 scatter, 5 reduce, 5 gather of 16); the steady state, ``bandwidth_s``
+    for all bytes, is already counted, so this is the extra ``(NVLS_STAGES - 1)`` steps.
+
+    No constant here is fitted: at 16 MiB on 8 GPUs each channel has 1 MiB in 4 steps of
+    8 x 32 KiB, and 2 more step times are half as much again as its steady state; at 1 GiB
+    each has 64 steps of 8 x 128 KiB and the fill is 3%."""
+    channel = max(nbytes / NVLS_CHANNELS, min(nbytes, NVLS_CELL))
+    if channel <= 0 or bandwidth_s <= 0:
+        return 0.0
+    step = min(heads * nvls_chunk_size(channel, heads), channel)
+    return (NVLS_STAGES - 1) * step / channel * bandwidth_s
 
 
 def _p2p(fab: NcclFabric, ch: Channels, d: Demand) -> NcclResult:
@@ -144,10 +206,11 @@ def _p2p(fab: NcclFabric, ch: Channels, d: Demand) -> NcclResult:
 
 
 def _result(d: Demand, seconds: float, algorithm: str, protocol: str, channels: int,
-            latency_s: float, bandwidth_s: float, wire_s: float, why: str) -> NcclResult:
+            latency_s: float, bandwidth_s: float, wire_s: float, why: str,
+            pipeline_s: float = 0.0) -> NcclResult:
     algbw = d.size / seconds if seconds > 0 else 0.0
     return NcclResult(seconds, algorithm, protocol, channels, algbw, algbw * d.bus_factor(),
-                      latency_s, bandwidth_s, wire_s, why)
+                      latency_s, bandwidth_s, wire_s, why, pipeline_s)
 
 
 def _loads(fab: NcclFabric, sent: Sends, router_bytes: float) -> Loads:
