@@ -13,18 +13,23 @@ the verifier like any other schedule.
 * ``dbt``: NCCL's double binary tree, half the chunks on each tree, pipelined per chunk.
 * ``hierarchical``: ring phases along each dimension of ``topology.dims`` (or hosts from node
   names ``host/...``): reduce-scatter fastest dimension first, all-gather in reverse.
+
+A report needs only a baseline's time (``baseline_makespan``): the same plan, routes and
+simulation, but routed and timed as columns (paths per rank pair, the compiled simulator
+pass), so a thousand-rank fabric's million circuits never become ``Link`` objects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from choreo.collectives import Collective, Demand
-from choreo.errors import ChoreoError
-from choreo.routing import timed_plan
+from choreo.errors import ChoreoError, InputError
+from choreo.routing import Router, timed_plan
 from choreo.schedule import Op, Schedule
+from choreo.simulate import replay_exclusive, simulate
 from choreo.topology import Topology
 
 C = Collective
@@ -67,6 +72,125 @@ def unavailable_reason(name: str, fabric: Topology, demand: Demand) -> str | Non
 
 def run_baseline(name: str, fabric: Topology, demand: Demand) -> Schedule:
     """The baseline's schedule on ``fabric``, timed by the simulator."""
+    return _schedule(name, fabric, demand, _plan(name, fabric, demand))
+
+
+def baseline_makespan(
+    name: str, fabric: Topology, demand: Demand, paths: BaselinePaths | None = None
+) -> float:
+    """The time the baseline takes on ``fabric``: ``simulate(run_baseline(...)).makespan``,
+    computed without building the schedule's routed topology. Sends are grouped by rank
+    pair; each pair's route is the one ``choreo.routing.route`` takes (the same ``Router``),
+    held exclusively as a circuit (a single link is a circuit of one), and the plan runs
+    through the simulator's own pass. ``paths`` shares the routes between the baselines
+    of one demand."""
+    plan = _plan(name, fabric, demand)
+    if any(lk.via for lk in fabric.links):  # links that ride on others: the general path
+        return simulate(_schedule(name, fabric, demand, plan)).makespan
+    step, src_r, dst_r, chunk, _ = plan.columns()
+    if not len(step):
+        return 0.0
+    if paths is None or not paths.serves(fabric, demand):
+        paths = BaselinePaths(fabric, demand)
+    ranks = np.asarray(demand.ranks, dtype=np.int64)
+    src, dst = ranks[src_r], ranks[dst_r]
+    del src_r, dst_r
+    nodes = fabric.num_nodes
+    pairs, row = np.unique(src * nodes + dst, return_inverse=True)
+    ptr, links, alpha, bandwidth = paths.circuits(pairs // nodes, pairs % nodes)
+    duration = alpha[row] + demand.chunk_bytes / bandwidth[row]
+    _, end = replay_exclusive(demand, step, src, dst, chunk, duration, row, ptr, links,
+                              len(fabric.links))
+    return float(end.max())
+
+
+class BaselinePaths:
+    """Routes between a demand's ranks on a fabric, exactly as ``choreo.routing.route``
+    chooses them for the demand's chunk size: one shortest-path search per source rank, run
+    when first needed and kept, so every baseline of the demand shares them."""
+
+    def __init__(self, fabric: Topology, demand: Demand) -> None:
+        self.fabric = fabric
+        self.nbytes = demand.chunk_bytes
+        self.targets = set(demand.ranks)
+        self.router = Router(fabric, self.nbytes)
+        links = fabric.links
+        self.link_src = np.array([lk.src for lk in links], dtype=np.int64)
+        self.alpha = np.array([lk.alpha for lk in links], dtype=np.float64)
+        self.bandwidth = np.array([lk.bandwidth for lk in links], dtype=np.float64)
+        self._pred: dict[int, np.ndarray] = {}
+
+    def serves(self, fabric: Topology, demand: Demand) -> bool:
+        return (fabric is self.fabric and demand.chunk_bytes == self.nbytes
+                and self.targets.issuperset(demand.ranks))
+
+    def pred(self, source: int) -> np.ndarray:
+        """Per node, the link it is reached by from ``source`` (-1: none). A search settles
+        nodes in the same order however many targets it has, and a settled node's link is
+        final, so one search to every rank serves every route from ``source``."""
+        got = self._pred.get(source)
+        if got is None:
+            pred, _ = self.router.search(source, self.targets)
+            got = self._pred[source] = np.asarray(pred, dtype=np.int32)
+        return got
+
+    def circuits(
+        self, src: np.ndarray, dst: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For NPU pairs (``src`` != ``dst``): the fabric links of each path as CSR
+        (``ptr``, ``links``, first hop first), and each path's alpha (summed hop by hop, as
+        ``route`` sums it) and bandwidth (its slowest hop)."""
+        sources, sidx = np.unique(src, return_inverse=True)
+        pred = np.stack([self.pred(int(v)) for v in sources])
+        m = len(src)
+
+        def walk(visit: Callable[[np.ndarray, np.ndarray], None]) -> None:
+            """Follow every path back from its destination, one hop per round for all."""
+            cur = dst.astype(np.int64)
+            act = np.arange(m)
+            for _ in range(self.fabric.num_nodes):
+                if not len(act):
+                    return
+                lk = pred[sidx[act], cur[act]]
+                if (lk < 0).any():
+                    bad = int(act[np.argmax(lk < 0)])
+                    raise InputError(
+                        f"{self.fabric.name}: no usable path from "
+                        f"{self.fabric.node_name(int(src[bad]))} to "
+                        f"{self.fabric.node_name(int(dst[bad]))}"
+                    )
+                visit(act, lk)
+                cur[act] = self.link_src[lk]
+                act = act[cur[act] != src[act]]
+            raise InputError(f"{self.fabric.name}: routes do not end")  # a corrupt search
+
+        length = np.zeros(m, dtype=np.int64)
+
+        def count(act: np.ndarray, _lk: np.ndarray) -> None:
+            length[act] += 1
+
+        walk(count)
+        ptr = np.zeros(m + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum(length)
+        links = np.empty(int(ptr[-1]), dtype=np.int64)
+        pos = ptr[1:] - 1
+
+        def place(act: np.ndarray, lk: np.ndarray) -> None:
+            links[pos[act]] = lk
+            pos[act] -= 1
+
+        walk(place)
+        alpha = np.zeros(m)
+        for hop in range(int(length.max()) if m else 0):
+            on = np.nonzero(length > hop)[0]
+            alpha[on] += self.alpha[links[ptr[on] + hop]]
+        bandwidth = (np.minimum.reduceat(self.bandwidth[links], ptr[:-1]) if m
+                     else np.zeros(0))
+        return ptr, links, alpha, bandwidth
+
+
+def _plan(name: str, fabric: Topology, demand: Demand) -> _Plan:
+    """The baseline's sends in rank space, after checking it applies."""
     reason = unavailable_reason(name, fabric, demand)
     if reason:
         raise BaselineUnavailable(f"baseline {name}: {reason}")
@@ -84,7 +208,7 @@ def run_baseline(name: str, fabric: Topology, demand: Demand) -> Schedule:
         grid = _grid(fabric, demand)
         assert not isinstance(grid, str)
         _hierarchical(plan, grid)
-    return _schedule(name, fabric, demand, plan)
+    return plan
 
 
 # ---- sends in rank space -------------------------------------------------------------------
@@ -95,13 +219,15 @@ class _Plan:
         self.d = demand
         self.parts: list[tuple[np.ndarray, ...]] = []
 
-    def send(self, step: object, src: object, dst: object, chunk: object, op: Op) -> None:
-        st, s, d, c = np.broadcast_arrays(
+    def send(self, step: object, src: object, dst: object, chunk: object, op: object) -> None:
+        """Sends broadcast from the arguments, in row-major order; ``op`` an ``Op`` or one
+        per send."""
+        st, s, d, c, o = np.broadcast_arrays(
             np.asarray(step, dtype=np.int64), np.asarray(src, dtype=np.int64),
             np.asarray(dst, dtype=np.int64), np.asarray(chunk, dtype=np.int64),
+            np.asarray(op, dtype=np.int8),
         )
-        st, s, d, c = (x.ravel() for x in (st, s, d, c))
-        self.parts.append((st, s, d, c, np.full(len(c), int(op), dtype=np.int8)))
+        self.parts.append(tuple(np.ravel(x) for x in (st, s, d, c, o)))
 
     def pieces(self, step: object, src: object, dst: object, piece: object, op: Op) -> None:
         """Send whole rank pieces (``chunks`` consecutive chunks each)."""
@@ -205,10 +331,23 @@ def _rhd(plan: _Plan) -> None:
     extra = n - p
     c = d.collective
     levels = p.bit_length() - 1
-    owned = [[i] + ([p + i] if i < extra else []) for i in range(p)]
+    # what virtual rank v < p stands for: itself, then its folded extra rank p + v
+    held = 1 + (np.arange(p) < extra)
+    at = np.zeros(p + 1, dtype=np.int64)
+    at[1:] = np.cumsum(held)
+    owned = np.empty(n, dtype=np.int64)
+    owned[at[:-1]] = np.arange(p)
+    owned[at[:extra] + 1] = p + np.arange(extra)
 
-    def block(lo: int, size: int) -> list[int]:
-        return [x for v in range(lo, lo + size) for x in owned[v]]
+    def blocks(step: int, dist: int, lead: np.ndarray, op: Op) -> None:
+        """Every rank i < p sends its partner i ^ dist the pieces of the ``dist`` virtual
+        ranks from ``lead[i]`` on, in order."""
+        i = np.arange(p)
+        lo, hi = at[lead], at[lead + dist]
+        size = hi - lo
+        first = np.repeat(np.cumsum(size) - size, size)
+        pieces = owned[np.repeat(lo, size) + np.arange(int(size.sum())) - first]
+        plan.pieces(step, np.repeat(i, size), np.repeat(i ^ dist, size), pieces, op)
 
     step = 0
     ext = np.arange(extra)
@@ -216,30 +355,27 @@ def _rhd(plan: _Plan) -> None:
         if c is C.ALLGATHER:
             plan.pieces(step, p + ext, ext, p + ext, Op.COPY)
         else:
-            for i in range(extra):
-                plan.send(step, p + i, i, _all_chunks(d), Op.REDUCE)
+            plan.send(step, (p + ext)[:, None], ext[:, None], _all_chunks(d)[None, :], Op.REDUCE)
         step += 1
     if c in (C.REDUCESCATTER, C.ALLREDUCE):
         for lvl in reversed(range(levels)):
             dist = 1 << lvl
-            for i in range(p):
-                j = i ^ dist
-                plan.pieces(step, i, j, block(j & ~(dist - 1), dist), Op.REDUCE)
+            blocks(step, dist, (np.arange(p) ^ dist) & ~(dist - 1), Op.REDUCE)
             step += 1
     if c in (C.ALLGATHER, C.ALLREDUCE):
         for lvl in range(levels):
             dist = 1 << lvl
-            for i in range(p):
-                j = i ^ dist
-                plan.pieces(step, i, j, block(i & ~(dist - 1), dist), Op.COPY)
+            blocks(step, dist, np.arange(p) & ~(dist - 1), Op.COPY)
             step += 1
     if extra:  # unfold: rank i returns what rank p+i must end with
-        for i in range(extra):
-            if c is C.REDUCESCATTER:
-                plan.pieces(step, i, p + i, p + i, Op.COPY)
-            else:
-                want = [x for x in range(n) if x != p + i] if c is C.ALLGATHER else range(n)
-                plan.pieces(step, i, p + i, list(want), Op.COPY)
+        if c is C.REDUCESCATTER:
+            plan.pieces(step, ext, p + ext, p + ext, Op.COPY)
+        elif c is C.ALLGATHER:  # every piece but p+i's own, in order
+            x = np.arange(n - 1)[None, :]
+            plan.pieces(step, ext[:, None], (p + ext)[:, None], x + (x >= (p + ext)[:, None]),
+                        Op.COPY)
+        else:
+            plan.pieces(step, ext[:, None], (p + ext)[:, None], np.arange(n)[None, :], Op.COPY)
 
 
 # ---- double binary tree --------------------------------------------------------------------
@@ -290,37 +426,44 @@ def _shape(parent: Sequence[int]) -> tuple[int, list[int], list[int]]:
 
 
 def _dbt(plan: _Plan) -> None:
+    """Per chunk, in chunk order, the sends of its tree (even chunks on the first, odd on
+    the second), ``chunk // 2`` steps after the previous chunk of that tree."""
     d = plan.d
     n, root = d.n, d.root
     c = d.collective
     shift = 0 if c is C.ALLREDUCE else root  # rooted collectives: tree 0 rooted at ``root``
-    trees = []
+    templates = []  # per tree: step offset, src, dst, op of one chunk's sends
     for par in dtree_parents(n):
         rel = [par[(v - shift) % n] for v in range(n)]  # parent in relative labels
         parent = [-1 if u < 0 else (u + shift) % n for u in rel]
-        trees.append((parent, *_shape(parent)))
-    for ch in range(d.num_chunks):
-        parent, troot, height, depth = trees[ch % 2]
-        j = ch // 2
-        up_op = Op.REDUCE
-        kids = [v for v in range(n) if parent[v] >= 0]
+        troot, height, depth = _shape(parent)
+        up, h, dep = np.asarray(parent), np.asarray(height), np.asarray(depth)
+        kids = np.nonzero(up >= 0)[0]
         top = height[troot]
+        sends: list[tuple[object, object, object, Op]] = []
         if c in (C.ALLREDUCE, C.REDUCE):
-            for v in kids:
-                plan.send(j + height[v], v, parent[v], ch, up_op)
+            sends.append((h[kids], kids, up[kids], Op.REDUCE))
         if c is C.ALLREDUCE:
-            for v in kids:
-                plan.send(j + top + depth[v] - 1, parent[v], v, ch, Op.COPY)
+            sends.append((top + dep[kids] - 1, up[kids], kids, Op.COPY))
         if c is C.REDUCE and troot != root:
-            plan.send(j + top, troot, root, ch, Op.COPY)
+            sends.append((top, troot, root, Op.COPY))
         if c is C.BROADCAST:
             lead = 0
             if troot != root:
-                plan.send(j, root, troot, ch, Op.COPY)
+                sends.append((0, root, troot, Op.COPY))
                 lead = 1
-            for v in kids:
-                if v != root:
-                    plan.send(j + lead + depth[v] - 1, parent[v], v, ch, Op.COPY)
+            down = kids[kids != root]
+            sends.append((lead + dep[down] - 1, up[down], down, Op.COPY))
+        cols = [np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (st, s, t, int(o))))
+                for st, s, t, o in sends]
+        templates.append([np.concatenate([np.ravel(col[k]) for col in cols]) for k in range(4)])
+    size = np.array([len(t[0]) for t in templates], dtype=np.int64)
+    chunk = np.arange(d.num_chunks, dtype=np.int64)
+    per = size[chunk % 2]
+    ch = np.repeat(chunk, per)
+    row = np.repeat((chunk % 2) * size[0] - (np.cumsum(per) - per), per) + np.arange(len(ch))
+    offset, src, dst, op = (np.concatenate([t[k] for t in templates]) for k in range(4))
+    plan.send(offset[row] + ch // 2, src[row], dst[row], ch, op[row])
 
 
 # ---- hierarchical --------------------------------------------------------------------------

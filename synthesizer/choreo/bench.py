@@ -7,7 +7,11 @@ the measured value, the target, and the published reference it compares with.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import resource
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -200,6 +204,53 @@ def _table_v_rows(quick: bool) -> list[Row]:
     return rows
 
 
+# The default CLI run (every baseline) at 1024 NPUs: wall time and peak memory of the whole
+# command, against the issue's targets and TACOS' public code on its own instances.
+CLI_CASES: list[tuple[str, list[str], float, str, str]] = [
+    ("dgx-h100-128 allreduce 256MiB", ["-t", "dgx-h100-128", "-c", "allreduce", "-s", "256MiB"],
+     30.0, "-", "-"),
+    ("torus-32x32 allgather 64MiB C=1",
+     ["-t", "torus-32x32", "-c", "allgather", "-s", "64MiB", "--chunks", "1"],
+     92.0, "TACOS public code 92 s", "TACOS public code 138 MiB"),
+    ("mesh-32x32 allgather 64MiB C=1",
+     ["-t", "mesh-32x32", "-c", "allgather", "-s", "64MiB", "--chunks", "1"],
+     92.0, "TACOS public code 92 s on torus-32x32", "-"),
+]
+CLI_MEMORY_GIB = 2.0
+OPT_IN = {"cli"}  # groups run only when --only names them exactly
+
+
+def run_cli(args: list[str]) -> tuple[int, float, int, str]:
+    """``choreo synthesize ARGS`` in a fresh process: exit code, wall seconds, its own peak
+    RSS in bytes (``wait4``, not the maximum over every child so far) and its stderr."""
+    with tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        child = subprocess.Popen([sys.executable, "-m", "choreo.cli", "synthesize", *args],
+                                 stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(child.pid, 0)
+        seconds = time.perf_counter() - started
+        child.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+    return child.returncode, seconds, usage.ru_maxrss * 1024, text
+
+
+def _cli_rows(quick: bool) -> list[Row]:
+    rows = []
+    for case, args, seconds_target, time_ref, memory_ref in CLI_CASES:
+        rc, seconds, peak, err = run_cli(args)
+        ran = rc in (0, 1)  # 1: the schedule failed verification, reported by its own test
+        gib = peak / GIB
+        why = "" if ran else f" (exit {rc}: {(err.strip().splitlines() or [''])[-1]})"
+        rows.append(Row(f"{case}, all baselines", f"{seconds:.1f} s{why}",
+                        f"<= {seconds_target:g} s", time_ref, ran and seconds <= seconds_target,
+                        group="default CLI run", value=seconds))
+        rows.append(Row(f"{case}, all baselines", f"{gib:.2f} GiB peak RSS",
+                        f"<= {CLI_MEMORY_GIB:g} GiB", memory_ref,
+                        ran and gib <= CLI_MEMORY_GIB, group="default CLI run", value=gib))
+    return rows
+
+
 def _calibration_rows(quick: bool) -> list[Row]:
     from choreo.nccl.calibration import calibration_rows, cost_rows
 
@@ -209,18 +260,20 @@ def _calibration_rows(quick: bool) -> list[Row]:
 def run_bench(quick: bool, only: str | None, json_path: str | None, console: Console,
               calibration: bool = False) -> int:
     """Every benchmark group, or with ``calibration`` only the NCCL model against the
-    published measurements (its own exit code: non-zero when a row is outside 15%)."""
+    published measurements (its own exit code: non-zero when a row is outside 15%). The
+    ``cli`` group (whole default CLI runs at 1024 NPUs) runs only when ``only`` names it."""
     groups: list[tuple[str, Callable[[bool], list[Row]]]] = [
         ("scale", _scale_rows),
         ("growth", _growth_rows),
         ("quality", _quality_rows),
         ("tablev", _table_v_rows),
+        ("cli", _cli_rows),
     ]
     if calibration:
         groups = [("calibration", _calibration_rows)]
     rows: list[Row] = []
     for name, fn in groups:
-        if only and only not in name:
+        if (only and only not in name) or (name in OPT_IN and only != name):
             continue
         with console.status(f"benchmark: {name}"):
             rows.extend(fn(quick))

@@ -103,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="synthesis time and quality benchmark table")
     b.add_argument("--quick", action="store_true", help="small instances only (about a minute)")
-    b.add_argument("--only", help="run only benchmarks whose name contains this text")
+    b.add_argument("--only", help="run only benchmarks whose name contains this text; "
+                   "`--only cli` times whole default CLI runs at 1024 NPUs (only when named)")
     b.add_argument("--json", help="also write the rows to this file")
     b.add_argument("--calibration", action="store_true",
                    help="only the NCCL model against published nccl-tests measurements")

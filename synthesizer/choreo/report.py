@@ -13,7 +13,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from choreo.baselines import BaselineUnavailable, baselines_for, run_baseline
+from choreo.baselines import (
+    BaselinePaths,
+    BaselineUnavailable,
+    baseline_makespan,
+    baselines_for,
+)
 from choreo.bounds import lower_bound
 from choreo.errors import ChoreoError
 from choreo.nccl.model import nccl_baseline
@@ -116,10 +121,11 @@ def evaluate(
                 choice = f"{nccl.choice}, {nccl.channels} channels"
             except ChoreoError:
                 pass  # ranks NCCL could not connect: no NCCL run to compare with
+            paths = BaselinePaths(fabric, d)  # routes shared by the demand's baselines
             for name in baselines_for(d, fabric):
                 say(f"baseline {name} for {d.name or d.collective.value}")
                 try:
-                    times[textbook_label(name)] = simulate(run_baseline(name, fabric, d)).makespan
+                    times[textbook_label(name)] = baseline_makespan(name, fabric, d, paths)
                 except BaselineUnavailable:
                     continue
         results.append(TenantResult(

@@ -17,10 +17,12 @@ in planned start order computes all times; a plan that is itself feasible is nev
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from choreo.collectives import Demand
 from choreo.resources import LinkModel, footprint, link_model, share_of_port
 from choreo.schedule import Schedule
 
@@ -68,8 +70,8 @@ def simulate(schedule: Schedule) -> SimResult:
     model = link_model(s.topology, s.fabric, used)
     krow = np.searchsorted(used, s.link)
     dur = durations(s)
-    waits, updates, nslots = _slots(model, len(s.topology.links), len(s.fabric.links))
-    astart, aend = _run(s, dur, krow, waits, updates, nslots)
+    slots = _slots(model, len(s.topology.links), len(s.fabric.links))
+    astart, aend = _replay(s.start, s.end, s.ranged, node_atoms(s), dur, krow, slots)
 
     tenant_time = np.zeros(nt)
     np.maximum.at(tenant_time, s.tenant, aend)
@@ -89,9 +91,31 @@ def simulate(schedule: Schedule) -> SimResult:
                      link_util, fab_util / span)
 
 
-def _slots(
-    model: LinkModel, nl: int, nf: int
-) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]], int]:
+@dataclass(frozen=True)
+class Slots:
+    """Per model row (CSR): the slots a transfer on it waits for (``wait[wait_ptr[r]:
+    wait_ptr[r + 1]]``) and the slots it advances to its end; ``count`` slots in all."""
+
+    wait_ptr: np.ndarray
+    wait: np.ndarray
+    update_ptr: np.ndarray
+    update: np.ndarray
+    count: int
+
+    @classmethod
+    def exclusive(cls, ptr: np.ndarray, links: np.ndarray, count: int) -> Slots:
+        """Row ``r`` holds the links ``links[ptr[r]:ptr[r + 1]]`` exclusively: waits for each
+        and advances each (circuits and direct links, no fractional shares)."""
+        return cls(ptr, links, ptr, links, count)
+
+
+def _csr(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(r) for r in rows])
+    return ptr, np.fromiter((x for r in rows for x in r), dtype=np.int64, count=int(ptr[-1]))
+
+
+def _slots(model: LinkModel, nl: int, nf: int) -> Slots:
     """Per model row: slots to wait for and slots to advance.
 
     Slot ``l`` is logical link l, ``nl + p`` the exclusive (circuit) use of fabric link p and
@@ -114,11 +138,9 @@ def _slots(
             updates.append([li])
     advanced = {u for us in updates for u in us}
     awaited = {w for ws in waits for w in ws}
-    return (
-        [tuple(w for w in ws if w in advanced) for ws in waits],
-        [tuple(u for u in us if u in awaited) for us in updates],
-        nl + 2 * nf,
-    )
+    wait_ptr, wait = _csr([tuple(w for w in ws if w in advanced) for ws in waits])
+    update_ptr, update = _csr([tuple(u for u in us if u in awaited) for us in updates])
+    return Slots(wait_ptr, wait, update_ptr, update, nl + 2 * nf)
 
 
 @dataclass
@@ -145,20 +167,34 @@ class Atoms:
 
 def node_atoms(s: Schedule) -> Atoms:
     """The atoms of ``s`` (see ``Atoms``)."""
-    m = len(s)
-    off = np.zeros(len(s.demands) + 1, dtype=np.int64)
-    off[1:] = np.cumsum([d.num_chunks for d in s.demands])
+    return column_atoms([d.num_chunks for d in s.demands], s.tenant, s.chunk, s.src, s.dst,
+                        s.count if s.ranged else None)
+
+
+def column_atoms(
+    num_chunks: Sequence[int],
+    tenant: np.ndarray,
+    chunk: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    count: np.ndarray | None = None,
+) -> Atoms:
+    """The atoms of transfers given as columns (``count`` None: one chunk each), for tenants
+    with ``num_chunks`` chunks each."""
+    m = len(tenant)
+    off = np.zeros(len(num_chunks) + 1, dtype=np.int64)
+    off[1:] = np.cumsum(num_chunks)
     span = int(off[-1]) + 1
-    lo = off[s.tenant] + s.chunk
-    src, dst = s.src.astype(np.int64), s.dst.astype(np.int64)
+    lo = off[tenant] + chunk
+    src, dst = src.astype(np.int64), dst.astype(np.int64)
     every = np.arange(m, dtype=np.int64)
-    if not s.ranged:  # an atom per (node, chunk) copy
+    if count is None:  # an atom per (node, chunk) copy
         cuts, inv = np.unique(np.concatenate([src * span + lo, dst * span + lo]),
                               return_inverse=True)
         inv = inv.astype(np.int64)
         return Atoms((every, inv[:m]), (every, inv[m:]), cuts % span,
                      np.ones(len(cuts), dtype=np.int64), cuts // span)
-    hi = lo + s.count
+    hi = lo + count
     cuts = np.unique(np.concatenate([src * span + lo, src * span + hi,
                                      dst * span + lo, dst * span + hi]))
 
@@ -174,68 +210,68 @@ def node_atoms(s: Schedule) -> Atoms:
                  cuts // span)
 
 
-def _run(
-    s: Schedule,
+def replay_exclusive(
+    demand: Demand,
+    step: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    chunk: np.ndarray,
+    duration: np.ndarray,
+    row: np.ndarray,
+    ptr: np.ndarray,
+    links: np.ndarray,
+    nlinks: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Actual (start, end) of one tenant's single-chunk sends planned at ``[step, step +
+    0.5)``, where a send on row ``r`` holds the links ``links[ptr[r]:ptr[r + 1]]`` (of
+    ``nlinks``) exclusively: what ``simulate`` computes for such a schedule, without the
+    schedule's topology (a million circuits need not become a million ``Link`` objects)."""
+    start = np.asarray(step, dtype=np.float64)
+    atoms = column_atoms([demand.num_chunks], np.zeros(len(start), dtype=np.int64), chunk,
+                         src, dst)
+    return _replay(start, start + 0.5, False, atoms, duration, row,
+                   Slots.exclusive(ptr, links, nlinks))
+
+
+def _i64(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.int64)
+
+
+def _replay(
+    start: np.ndarray,
+    end: np.ndarray,
+    ranged: bool,
+    atoms: Atoms,
     dur: np.ndarray,
     krow: np.ndarray,
-    waits: list[tuple[int, ...]],
-    updates: list[tuple[int, ...]],
-    nslots: int,
+    slots: Slots,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The one sequential pass over read rows in planned start order; dependencies are prefix
-    maxima over arrivals sorted by planned end, so each atom read costs O(1) amortized
-    Python work, and a transfer is timed at its last read row."""
-    m = len(s)
-    atoms = node_atoms(s)
+    """The one sequential pass over read rows in planned start order (compiled:
+    ``choreo_engine.replay``); dependencies are prefix maxima over arrivals sorted by planned
+    end, so each atom read costs O(1) amortized work, and a transfer is timed at its last
+    read row."""
+    import choreo_engine
+
+    m = len(start)
     (rt, kr), (wt, kw) = atoms.reads, atoms.writes
-    nkeys = atoms.count
-    thr = s.start + EPS
-    times = np.unique(np.concatenate([s.end, thr]))
+    thr = start + EPS
+    times = np.unique(np.concatenate([end, thr]))
     big = len(times) + 1
-    cw = kw * big + np.searchsorted(times, s.end)[wt]
+    cw = kw * big + np.searchsorted(times, end)[wt]
     arr = np.argsort(cw, kind="stable")
     cw_sorted = cw[arr]
+    del cw
     hi = np.searchsorted(cw_sorted, kr * big + np.searchsorted(times, thr)[rt], side="right")
-    ptr = np.searchsorted(cw_sorted, np.arange(nkeys, dtype=np.int64) * big).tolist()
-    rmax = [0.0] * nkeys
-    free = [0.0] * nslots
-    aend = [0.0] * m
-    astart = [0.0] * m
-    writer = wt[arr].tolist()
-    order = np.argsort(s.start, kind="stable")  # read rows, transfers in planned start order
-    if s.ranged:
+    first = np.searchsorted(cw_sorted, np.arange(atoms.count, dtype=np.int64) * big)
+    del cw_sorted, times
+    order = np.argsort(start, kind="stable")  # read rows, transfers in planned start order
+    if ranged:
         rank = np.empty(m, dtype=np.int64)
         rank[order] = np.arange(m)
         order = np.argsort(rank[rt], kind="stable")
-    closes = np.r_[rt[order][1:] != rt[order][:-1], True].tolist()
-    kr_l, hi_l, dur_l = kr[order].tolist(), hi[order].tolist(), dur.tolist()
-    krow_l = krow.tolist()
-    ready = 0.0
-    for t, key, h, last in zip(rt[order].tolist(), kr_l, hi_l, closes, strict=True):
-        p = ptr[key]
-        got = rmax[key]
-        if p < h:
-            while p < h:
-                e = aend[writer[p]]
-                if e > got:
-                    got = e
-                p += 1
-            ptr[key] = p
-            rmax[key] = got
-        if got > ready:
-            ready = got
-        if not last:
-            continue
-        row = krow_l[t]
-        for w in waits[row]:
-            f = free[w]
-            if f > ready:
-                ready = f
-        e = ready + dur_l[t]
-        for u in updates[row]:
-            if e > free[u]:
-                free[u] = e
-        astart[t] = ready
-        aend[t] = e
-        ready = 0.0
+    astart, aend = choreo_engine.replay(
+        m, _i64(rt[order]), _i64(kr[order]), _i64(hi[order]), _i64(first), _i64(wt[arr]),
+        np.ascontiguousarray(dur, dtype=np.float64), _i64(krow), _i64(slots.wait_ptr),
+        _i64(slots.wait), _i64(slots.update_ptr), _i64(slots.update), slots.count,
+    )
     return np.asarray(astart), np.asarray(aend)

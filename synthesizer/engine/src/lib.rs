@@ -1,9 +1,10 @@
-//! choreo's compiled engine: the greedy synthesis hot loop and the MSCCL lowering's passes,
-//! exposed to Python through PyO3.
+//! choreo's compiled engine: the greedy synthesis hot loop, the MSCCL lowering's passes and
+//! the congestion simulator's sequential pass, exposed to Python through PyO3.
 
 pub mod bitset;
 pub mod greedy;
 pub mod lowering;
+pub mod replay;
 
 #[cfg(feature = "python")]
 mod python;

@@ -7,6 +7,7 @@ use pyo3::types::PyDict;
 
 use crate::greedy::{synthesize_best, Options, Problem};
 use crate::lowering::{self, LowerError};
+use crate::replay::{self as sim, Pass};
 
 fn vec<T: numpy::Element + Copy>(a: &PyReadonlyArray1<T>) -> Vec<T> {
     a.as_array().to_vec()
@@ -179,10 +180,56 @@ fn lower_tenant<'py>(
     Ok(out)
 }
 
+type Times<'py> = Bound<'py, numpy::PyArray1<f64>>;
+
+/// The simulator's sequential pass (see `replay.rs`): actual start and end per transfer.
+///
+/// Raises ValueError when an index is out of range.
+#[pyfunction]
+#[pyo3(signature = (
+    transfers, read_transfer, read_atom, read_hi, atom_first, writer, duration, row,
+    wait_ptr, wait_slot, update_ptr, update_slot, slots
+))]
+#[allow(clippy::too_many_arguments)]
+fn replay<'py>(
+    py: Python<'py>,
+    transfers: usize,
+    read_transfer: PyReadonlyArray1<'py, i64>,
+    read_atom: PyReadonlyArray1<'py, i64>,
+    read_hi: PyReadonlyArray1<'py, i64>,
+    atom_first: PyReadonlyArray1<'py, i64>,
+    writer: PyReadonlyArray1<'py, i64>,
+    duration: PyReadonlyArray1<'py, f64>,
+    row: PyReadonlyArray1<'py, i64>,
+    wait_ptr: PyReadonlyArray1<'py, i64>,
+    wait_slot: PyReadonlyArray1<'py, i64>,
+    update_ptr: PyReadonlyArray1<'py, i64>,
+    update_slot: PyReadonlyArray1<'py, i64>,
+    slots: usize,
+) -> PyResult<(Times<'py>, Times<'py>)> {
+    let pass = Pass {
+        read_transfer: read_transfer.as_slice()?,
+        read_atom: read_atom.as_slice()?,
+        read_hi: read_hi.as_slice()?,
+        atom_first: atom_first.as_slice()?,
+        writer: writer.as_slice()?,
+        duration: duration.as_slice()?,
+        row: row.as_slice()?,
+        wait_ptr: wait_ptr.as_slice()?,
+        wait_slot: wait_slot.as_slice()?,
+        update_ptr: update_ptr.as_slice()?,
+        update_slot: update_slot.as_slice()?,
+        slots,
+    };
+    let (start, end) = py.detach(|| sim::replay(&pass, transfers)).map_err(PyValueError::new_err)?;
+    Ok((start.into_pyarray(py), end.into_pyarray(py)))
+}
+
 #[pymodule]
 fn choreo_engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(greedy, m)?)?;
     m.add_function(wrap_pyfunction!(lower_tenant, m)?)?;
+    m.add_function(wrap_pyfunction!(replay, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
