@@ -110,7 +110,7 @@ def evaluate(
     results = []
     for t, d in enumerate(schedule.demands):
         others = [o for i, o in enumerate(schedule.demands) if i != t]
-        bound = lower_bound(fabric, d, others)
+        bound = lower_bound(fabric, d, others, whole_chunks=not schedule.ranged)
         times: dict[str, float] = {}
         choice = ""
         if baselines:

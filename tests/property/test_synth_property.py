@@ -7,6 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError
 from choreo.simulate import simulate
@@ -73,6 +74,7 @@ def test_random_fabrics_and_failures_verify(fabric, coll, chunks, data):
     assert verdict.ok, verdict.errors[:5]
     assert not (set(sched.src.tolist()) | set(sched.dst.tolist())) & set(fabric.failed)
     assert simulate(sched).makespan <= sched.makespan * (1 + 1e-9)
+    assert simulate(sched).makespan >= lower_bound(fabric, demand).value_s * (1 - 1e-9)
 
 
 @settings(max_examples=25, deadline=None)
@@ -89,3 +91,5 @@ def test_random_tenant_pairs_share_the_fabric(fabric, split, data):
     sched = synthesize(fabric, demands, SynthOptions(restarts=1))
     verdict = verify(sched)
     assert verdict.ok, verdict.errors[:5]
+    bound = lower_bound(fabric, demands[0], demands[1:]).value_s
+    assert simulate(sched).makespan >= bound * (1 - 1e-9)

@@ -7,8 +7,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from choreo.baselines import baselines_for, run_baseline
-from choreo.bounds import crossing_bytes, lower_bound
+from choreo.bounds import chunk_needs, crossing_bytes, lower_bound
 from choreo.collectives import Collective, Demand
+from choreo.generators import build
+from choreo.portfolio import solve
+from choreo.simulate import simulate
+from choreo.synth import SynthOptions, synthesize
 from choreo.topology import Link, NodeKind, Topology, duplex
 from choreo.verify import verify
 
@@ -30,7 +34,9 @@ def test_allgather_on_unidirectional_ring() -> None:
     b = lower_bound(uniring(n), Demand(Collective.ALLGATHER, tuple(range(n)), S))
     assert b.bandwidth_s == pytest.approx((n - 1) / n * S / BW)
     assert b.latency_s == pytest.approx((n - 1) * ALPHA)
-    assert b.value_s == max(b.bandwidth_s, b.latency_s)
+    # each of the n-1 chunks pays alpha on the one in-link
+    assert b.transfers_s == pytest.approx((n - 1) * (ALPHA + S / n / BW))
+    assert b.value_s == max(b.bandwidth_s, b.latency_s, b.transfers_s)
     assert "into" in b.reason
 
 
@@ -38,7 +44,9 @@ def test_allreduce_patarasuk_yuan_on_fully_connected() -> None:
     n = 4
     b = lower_bound(fc(n), Demand(Collective.ALLREDUCE, tuple(range(n)), S))
     assert b.bandwidth_s == pytest.approx(2 * (n - 1) / n * S / ((n - 1) * BW))
-    assert "land on NPUs" in b.reason
+    # the same 2(n-1) landings per chunk, counted in transfers: 2 per link, each with alpha
+    assert b.transfers_s == pytest.approx(b.bandwidth_s + 2 * ALPHA)
+    assert "gossip" in b.reason
 
 
 def test_helpers_weaken_allreduce_volume_but_not_per_rank_need() -> None:
@@ -125,3 +133,140 @@ def test_bound_never_exceeds_a_verified_baseline(fabric: Topology, data: st.Data
         s = run_baseline(name, fabric, d)
         assert verify(s).ok
         assert bound.value_s <= s.makespan * (1 + 1e-9), (name, bound, s.makespan)
+
+
+# ---- transfers: every chunk pays its link's alpha ------------------------------------------
+def _link_time(fabric: Topology, d: Demand) -> float:
+    return fabric.links[0].cost(d.chunk_bytes)
+
+
+@pytest.mark.parametrize(("name", "degree"), [("ring-6", 2), ("torus-4x4", 4),
+                                              ("hypercube-2x2x2", 3), ("torus-32x32", 4)])
+def test_one_chunk_allgather_needs_ceil_n_minus_1_over_degree_link_times(
+        name: str, degree: int) -> None:
+    fabric = build(name)
+    n = len(fabric.npus)
+    d = Demand(Collective.ALLGATHER, tuple(fabric.npus), n * 1024)
+    b = lower_bound(fabric, d)
+    steps = -(-(n - 1) // degree)
+    assert b.transfers_s == pytest.approx(steps * _link_time(fabric, d), rel=1e-6)
+    assert b.value_s == b.transfers_s > max(b.bandwidth_s, b.latency_s)
+    assert b.reason.startswith(f"{n - 1} chunk transfers into")
+    # the bound is on the collective, not on its chunking: more chunks only add alphas
+    finer = lower_bound(fabric, Demand(Collective.ALLGATHER, tuple(fabric.npus), n * 1024, 3))
+    assert finer.value_s == pytest.approx(b.value_s)
+
+
+def test_reducescatter_is_the_mirror_image() -> None:
+    fabric = build("torus-4x4")
+    d = Demand(Collective.REDUCESCATTER, tuple(fabric.npus), 16 * 1024)
+    b = lower_bound(fabric, d)
+    assert b.transfers_s == pytest.approx(4 * _link_time(fabric, d))  # ceil(15 / 4) sends
+    assert "out of" in b.reason
+
+
+def test_allreduce_needs_the_gossip_landings() -> None:
+    """2(n-1) landings per chunk over 4n in-links: ceil(2 * 15 * 16 / 64) = 8 link times,
+    where each rank alone only needs its n chunks (4 link times)."""
+    fabric = build("torus-4x4")
+    d = Demand(Collective.ALLREDUCE, tuple(fabric.npus), 16 * 1024)
+    b = lower_bound(fabric, d)
+    assert b.transfers_s == pytest.approx(8 * _link_time(fabric, d))
+    assert "gossip" in b.reason
+
+
+def test_no_transfer_bound_where_it_is_not_claimed() -> None:
+    # switch ports carry fractional shares side by side: nothing beyond the bandwidth cuts
+    star_links: list[Link] = []
+    for v in range(4):
+        star_links.extend(duplex(v, 4, ALPHA, BW))
+    star = Topology("star", (NodeKind.NPU,) * 4 + (NodeKind.SWITCH,), tuple(star_links))
+    assert lower_bound(star, Demand(Collective.ALLGATHER, tuple(range(4)), 4096)).transfers_s == 0
+    # all-reduce across hosts may get the rail-hierarchical plan, which moves chunk ranges
+    names = tuple(f"h{v // 2}/g{v % 2}" for v in range(4))
+    links = [*duplex(0, 1, ALPHA, 10 * BW), *duplex(2, 3, ALPHA, 10 * BW),
+             *duplex(0, 2, ALPHA, BW), *duplex(1, 3, ALPHA, BW)]
+    hosts = Topology("hosts", (NodeKind.NPU,) * 4, tuple(links), names=names)
+    assert chunk_needs(Demand(Collective.ALLREDUCE, tuple(range(4)), S), hosts) is None
+    assert lower_bound(hosts, Demand(Collective.ALLREDUCE, tuple(range(4)), 4096)).transfers_s == 0
+    # in-network reduction: partial sums need not land, so no gossip count
+    nvls = build("dgx-h100-1")
+    needs = chunk_needs(Demand(Collective.ALLREDUCE, tuple(nvls.npus), S), nvls)
+    assert needs is not None and needs.landings == 0
+
+
+def test_parallel_cables_pick_the_best_chunk_count() -> None:
+    """Broadcast over k parallel cables: k chunks of S/k, one per cable, is the best count."""
+    def pair(k: int) -> Topology:
+        links = [lk for _ in range(k) for lk in duplex(0, 1, ALPHA, BW)]
+        return Topology("pair", (NodeKind.NPU,) * 2, tuple(links))
+
+    d = Demand(Collective.BROADCAST, (0, 1), S)
+    b = lower_bound(pair(4), d)
+    assert b.transfers_s == pytest.approx(ALPHA + S / 4 / BW)
+    assert "(4 chunk(s) per piece" in b.reason
+    # beyond the counts solved exactly the monotone envelope stands in: still below the truth
+    wide = lower_bound(pair(20), d)
+    assert S / 20 / BW < wide.transfers_s <= ALPHA + S / 20 / BW
+    assert "+" in wide.reason
+
+
+SMALL_FABRICS = ["ring-6", "torus-4x4", "mesh-3x3", "dgx1", "switch-8", "dgx-h100-2",
+                 "hypercube-2x2x2", "3d-rfs-16", "ndv2-2", "uniring-5"]
+
+
+@pytest.mark.parametrize("name", SMALL_FABRICS)
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_bound_never_exceeds_a_synthesized_schedule(name: str, chunks: int) -> None:
+    """Every collective, in the alpha-bound regime (1 KiB chunks) and beyond it."""
+    fabric = build(name)
+    ranks = tuple(fabric.npus)
+    for collective in Collective:
+        for size in (1 << 12, 1 << 20):
+            d = Demand(collective, ranks, size, chunks, root=len(ranks) // 3)
+            sched = synthesize(fabric, [d], SynthOptions(restarts=1))
+            assert verify(sched).ok
+            bound = lower_bound(fabric, d)
+            assert simulate(sched).makespan >= bound.value_s * (1 - 1e-9), (collective, size)
+
+
+@pytest.mark.parametrize(("name", "collective"), [
+    ("ring-6", Collective.ALLGATHER), ("torus-4x4", Collective.ALLREDUCE),
+    ("dgx1", Collective.REDUCESCATTER), ("mesh-3x3", Collective.ALLTOALL),
+    ("switch-8", Collective.ALLGATHER), ("dgx1", Collective.BROADCAST),
+    ("hypercube-2x2x2", Collective.GATHER),
+])
+def test_bound_never_exceeds_any_engine(name: str, collective: Collective) -> None:
+    """engine=auto: greedy with other chunk counts, and the MILP or the LP."""
+    fabric = build(name)
+    ranks = tuple(fabric.npus)
+    d = Demand(collective, ranks, 1 << 14, 1, root=1)
+    sched = solve(fabric, [d], engine="auto", deadline_s=3.0)
+    assert verify(sched).ok
+    bound = lower_bound(fabric, d).value_s
+    for cand in sched.meta["portfolio"]["candidates"]:
+        if "time" in cand:
+            assert cand["time"] >= bound * (1 - 1e-9), cand
+
+
+def test_a_schedule_moving_chunk_ranges_is_judged_without_the_per_transfer_bound() -> None:
+    """One transfer of a chunk range pays alpha once for all of them, so a schedule that
+    moves ranges is held to the bandwidth and latency bounds only."""
+    from choreo.report import evaluate
+    from choreo.schedule import Schedule
+    from choreo.synth import synthesize
+
+    fabric = build("torus-4x4")
+    d = Demand(Collective.ALLGATHER, tuple(fabric.npus), 1 << 10, chunks=1)
+    whole = lower_bound(fabric, d)
+    ranged = lower_bound(fabric, d, whole_chunks=False)
+    assert whole.transfers_s > 0 and ranged.transfers_s == 0
+    assert ranged.value_s == max(ranged.bandwidth_s, ranged.latency_s) < whole.value_s
+    sched = synthesize(fabric, [d])
+    assert evaluate(sched, baselines=False).tenants[0].bound == whole.value_s
+    cols = {c: getattr(sched, c).copy() for c in ("tenant", "chunk", "src", "dst", "link",
+                                                  "start", "end", "op", "count")}
+    cols["count"][0] = 2  # as a range would read
+    moved = Schedule(sched.fabric, sched.topology, sched.demands, **cols)
+    assert moved.ranged
+    assert evaluate(moved, baselines=False).tenants[0].bound == ranged.value_s
