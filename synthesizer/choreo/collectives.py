@@ -169,6 +169,8 @@ def parse_size(text: str | int, where: str = "size") -> int:
             value = int(float(num) * units[unit])
         except ValueError:
             raise InputError(f"{where}: cannot read {text!r} as a size") from None
+        except OverflowError:  # 1e400 reads as infinity
+            raise InputError(f"{where}: must be in 1 B .. 1 TiB, got {text!r}") from None
     if not 0 < value <= MAX_SIZE:
         raise InputError(f"{where}: must be in 1 B .. 1 TiB, got {text!r}")
     return value

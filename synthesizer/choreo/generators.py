@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -88,6 +89,15 @@ def _per_dim_kind(field: str, value: str | Sequence[str], ndims: int) -> list[st
     if len(value) != ndims:
         raise InputError(f"{field}: expected {ndims} kinds (one per dimension), got {len(value)}")
     return [str(v) for v in value]
+
+
+MAX_LINKS = 1 << 24  # about 3 GiB of links; denser fabrics are refused before they are built
+
+
+def _fits_links(field: str, links: int) -> None:
+    if links > MAX_LINKS:
+        raise InputError(f"{field}: {links:,} links, more than the {MAX_LINKS:,} a built-in "
+                         "fabric may have")
 
 
 def _dims(field: str, dims: Sequence[int]) -> tuple[int, ...]:
@@ -201,6 +211,7 @@ def fully_connected(
 ) -> Topology:
     """Every NPU has a direct link to every other (Direct's ideal topology)."""
     n = _count("fc size", n, 2)
+    _fits_links("fc size", n * (n - 1))
     bw, a = _positive("bandwidth", bandwidth), _alpha("alpha", alpha)
     fab = _Fabric(_flat_names(n))
     fab.links = [Link(i, j, a, bw, kind) for i in range(n) for j in range(n) if i != j]
@@ -260,6 +271,7 @@ def hypercube(
     ``hypercube-2x2x2`` is the binary 3-cube; ``hypercube-8x8x8`` has 21 out-links per NPU.
     """
     dims = _dims("hypercube dims", dims)
+    _fits_links("hypercube dims", _prod(dims) * sum(d - 1 for d in dims))
     bws = _per_dim("bandwidth", bandwidth, len(dims))
     kinds = _per_dim_kind("kind", kind, len(dims))
     a = _alpha("alpha", alpha)
@@ -625,6 +637,9 @@ class Shape:
     make: Callable[[str | None, dict[str, Any]], Topology]
 
 
+MAX_NPUS = 1 << 20  # a fabric of more NPUs (or nodes) is refused before it is built
+
+
 def _ints(shape: str, size: str | None, count: int | None) -> list[int]:
     if size is None:
         raise InputError(f"needs a size, e.g. {_SHAPES[shape].pattern}")
@@ -633,7 +648,12 @@ def _ints(shape: str, size: str | None, count: int | None) -> list[int]:
         raise InputError(
             f"expected {count} dimension(s) like {_SHAPES[shape].pattern}, got {len(parts)}"
         )
-    return [int(p) for p in parts]
+    ints = [int(p) for p in parts]
+    # every shape builds at least as many NPUs as its size multiplies to (DGX nodes 8 each)
+    if math.prod(ints) > MAX_NPUS:
+        raise InputError(f"size {size}: {math.prod(ints):,} NPUs or nodes, more than the "
+                         f"{MAX_NPUS:,} a built-in fabric may have")
+    return ints
 
 
 def _one(

@@ -285,3 +285,16 @@ def test_torus_property(dims: list[int]) -> None:
     pairs = Counter((link.src, link.dst) for link in topo.links)
     assert all(pairs[(b, a)] == c for (a, b), c in pairs.items())
     assert all(k is NodeKind.NPU for k in topo.kinds)
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ("torus-100000x100000", "10,000,000,000 NPUs or nodes, more than the 1,048,576"),
+    ("dgx-h100-2000000", "more than the 1,048,576"),
+    ("fc-10000", "fc size: 99,990,000 links"),
+    ("hypercube-64x64x64", "hypercube dims"),
+])
+def test_fabrics_too_large_for_the_machine_are_refused_before_they_are_built(
+        spec: str, needle: str) -> None:
+    with pytest.raises(InputError) as info:
+        build(spec)
+    assert needle in str(info.value)

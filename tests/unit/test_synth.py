@@ -237,3 +237,28 @@ def test_measurement_noise_on_bandwidths_does_not_derail_the_schedule(name: str)
     rough = synthesize(noisy, [d], SynthOptions(relay=False, restarts=1))
     check(rough)
     assert rough.makespan <= clean.makespan * 1.02
+
+
+def test_work_that_cannot_fit_is_refused_before_anything_large_is_allocated() -> None:
+    from choreo.synth import BYTES_PER_TRANSFER, check_fits, fewest_transfers
+
+    fabric = build("ring-8")
+    huge = Demand(Collective.ALLGATHER, tuple(fabric.npus), 1 << 20, chunks=100_000_000,
+                  name="big")
+    assert fewest_transfers(huge) == 8 * 100_000_000 * 7
+    with pytest.raises(InputError) as info:
+        synthesize(fabric, [huge])
+    text = str(info.value)
+    assert "tenants[0] (big)" in text and "100000000 chunk(s)" in text and "GiB is free" in text
+    small = Demand(Collective.ALLREDUCE, tuple(fabric.npus), 1 << 20, chunks=2)
+    assert fewest_transfers(small) == 2 * 7 * 16
+    check_fits([small], available=fewest_transfers(small) * BYTES_PER_TRANSFER)
+    with pytest.raises(InputError, match="use fewer chunks"):
+        check_fits([small], available=fewest_transfers(small) * BYTES_PER_TRANSFER - 1)
+
+
+def test_sizes_beyond_a_float_are_input_errors() -> None:
+    from choreo.collectives import parse_size
+
+    with pytest.raises(InputError, match=r"1 B \.\. 1 TiB"):
+        parse_size("1e400", "--size")
