@@ -405,30 +405,28 @@ def _apply_failure(f: DeviceFailureSpec, topo: Topology, ids: Mapping[str, int],
         gid = ids.get(f"{f.node}/gpu{f.gpu}")
         if gid is None:
             return f"node {f.node} has no GPU {f.gpu}"
-        found = _between(topo, gid, end)
-        if not found:
-            return f"node {f.node}: GPU {f.gpu} has no link to NIC {f.nic}"
-        bad_links.update(found)
-        return None
+        return _take_down(topo, gid, end, bad_links,
+                          f"node {f.node}: GPU {f.gpu} has no link to NIC {f.nic}")
     if f.switch is not None:
         gid, sw = ids.get(f"{f.node}/gpu{f.gpu}"), ids.get(f"{f.node}/{f.switch}")
         if gid is None:
             return f"node {f.node} has no GPU {f.gpu}"
         if sw is None:
             return f"node {f.node} has no switch {f.switch}"
-        found = _between(topo, gid, sw)
-        if not found:
-            return f"node {f.node}: GPU {f.gpu} has no link to switch {f.switch}"
-        bad_links.update(found)
-        return None
+        return _take_down(topo, gid, sw, bad_links,
+                          f"node {f.node}: GPU {f.gpu} has no link to switch {f.switch}")
     a, p = ids.get(f"{f.node}/gpu{f.gpu}"), ids.get(f"{f.node}/gpu{f.peer_gpu}")
     if a is None or p is None:
         return f"node {f.node} has no GPU {f.gpu if a is None else f.peer_gpu}"
-    found = _between(topo, a, p)
-    if not found:
-        return f"node {f.node}: GPUs {f.gpu} and {f.peer_gpu} have no direct link"
+    return _take_down(topo, a, p, bad_links,
+                      f"node {f.node}: GPUs {f.gpu} and {f.peer_gpu} have no direct link")
+
+
+def _take_down(topo: Topology, a: int, b: int, bad_links: set[int], missing: str) -> str | None:
+    """Mark the links between ``a`` and ``b`` failed; ``missing`` when there are none."""
+    found = _between(topo, a, b)
     bad_links.update(found)
-    return None
+    return None if found else missing
 
 
 def _between(topo: Topology, a: int, b: int) -> list[int]:
