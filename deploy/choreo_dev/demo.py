@@ -342,6 +342,8 @@ class Demo:
         self.wait(lambda: prom.query("sum(choreo_resynthesis_total{result=\"ok\"}) >= 6"), 30,
                   "Prometheus to scrape the last resyntheses")
         queries = {
+            "choreo_tenant_predicted_speedup_vs_nccl":
+                lambda r: f"{r['metric'].get('job')} {float(r['value'][1]):.2f}x",
             "choreo_tenant_predicted_busbw_bytes_per_second / 1e9":
                 lambda r: f"{r['metric'].get('namespace')}/{r['metric'].get('job')} "
                           f"{float(r['value'][1]):.0f} GB/s",
