@@ -20,8 +20,7 @@ from choreo.baselines import (
     baselines_for,
 )
 from choreo.bounds import lower_bound
-from choreo.errors import ChoreoError
-from choreo.nccl.model import nccl_baseline
+from choreo.nccl.compare import versus_nccl
 from choreo.schedule import Schedule
 from choreo.simulate import SimResult, simulate
 from choreo.verify import Verdict, verify
@@ -115,12 +114,9 @@ def evaluate(
         choice = ""
         if baselines:
             say(f"NCCL model for {d.name or d.collective.value}")
-            try:
-                nccl = nccl_baseline(fabric, d)
-                times[NCCL] = nccl.seconds
-                choice = f"{nccl.choice}, {nccl.channels} channels"
-            except ChoreoError:
-                pass  # ranks NCCL could not connect: no NCCL run to compare with
+            vs = versus_nccl(fabric, d, float(sim.tenant_time[t]))
+            if vs is not None:  # else NCCL could not connect the ranks: nothing to compare
+                times[NCCL], choice = vs.nccl_s, vs.choice
             paths = BaselinePaths(fabric, d)  # routes shared by the demand's baselines
             for name in baselines_for(d, fabric):
                 say(f"baseline {name} for {d.name or d.collective.value}")
