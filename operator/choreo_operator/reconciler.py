@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import aiohttp
+
 from choreo.collectives import format_size
 from choreo.errors import ChoreoError
 from choreo_operator import metrics, results, status
@@ -388,7 +390,7 @@ class Reconciler:
                 marking.cancel()
 
     async def _call(self, plan: GroupPlan, request: Any, reason: str, since: float,
-                    started: float, marking: asyncio.Task[None]) -> None:
+                    started: float, marking: asyncio.Task[bool]) -> None:
         scope = plan.group.scope
         delay = self.settings.backoff_initial_seconds
         requests = [request]
@@ -567,8 +569,7 @@ class Reconciler:
                                            {"data": {**stale, **alias["data"]},
                                             "metadata": {"labels": alias["metadata"]["labels"]}})
         state = self._state(job)
-        state.inputs_hash = plan.inputs_hash
-        state.config_map = name
+        new_maps = {name} if not parts else {p.name for p in parts}
         first = schedule.collectives[0] if schedule.collectives else None
         summary = first.summary() if first else ""
         extra = {
@@ -603,9 +604,20 @@ class Reconciler:
                           "have failed; the schedule uses the others") if failed else
                          (False, "Healthy", "the synthesizer answered")),
         }
-        await self._update_jobs([job], updates, extra=extra,
-                                event=("Normal", "Synthesized"),
-                                event_message=f"schedule {name} ({summary}) after {reason}")
+        written = await self._update_jobs([job], updates, extra=extra,
+                                          event=("Normal", "Synthesized"),
+                                          event_message=f"schedule {name} ({summary}) after "
+                                          f"{reason}")
+        if not written:
+            # The status still names the previous ConfigMaps: keep them and the new ones, and
+            # publish again (the service has the schedule cached) until the status says so.
+            state.keep |= new_maps
+            asyncio.get_running_loop().call_later(self.settings.backoff_initial_seconds,
+                                                  self.poke, "retry")
+            return False
+        state.inputs_hash = plan.inputs_hash
+        state.config_map = name
+        state.keep = new_maps
         gone = [c for c in state.gauged if c not in {x.name for x in schedule.collectives}]
         metrics.forget_tenant(job.namespace, job.name, gone)
         state.gauged = tuple(c.name for c in schedule.collectives)
@@ -618,7 +630,6 @@ class Reconciler:
             for runs in (metrics.RUNS_CHOREO, metrics.RUNS_NCCL):
                 metrics.RANGES.labels(*labels, runs).set(
                     sum(r.nccl_runs == (runs == metrics.RUNS_NCCL) for r in c.sizes))
-        state.keep = {name} if not parts else {p.name for p in parts}
         return True
 
     # ---- status ------------------------------------------------------------------------------
@@ -634,7 +645,12 @@ class Reconciler:
     async def _update_jobs(self, jobs: Iterable[JobSpec], updates: Mapping[str, status.Update],
                            extra: Mapping[str, Any] | None = None,
                            event: tuple[str, str] | None = None,
-                           event_message: str | None = None) -> None:
+                           event_message: str | None = None) -> bool:
+        """Patch each job's status; False if any write failed (the API server restarting).
+
+        What a job's status says is remembered only once written, so a failed write is
+        repeated by the next update instead of being skipped as unchanged."""
+        written = True
         for job in jobs:
             state = self._state(job)
             conditions = status.merge(state.conditions, updates, job.generation)
@@ -643,20 +659,26 @@ class Reconciler:
             if status.same(conditions, state.conditions) and all(
                     state.status_doc.get(k) == v for k, v in doc.items()):
                 continue
-            state.conditions = conditions
-            state.status_doc.update(doc)
             try:
                 await self.api.merge_patch(job_path(job.namespace, job.name, "status"),
                                            {"status": {**doc, "conditions": conditions}})
             except ApiError as err:
                 if err.status != 404:
                     log.warning("status of %s: %s", job.key, err)
+                    written = False
                 continue
+            except (aiohttp.ClientError, TimeoutError) as err:
+                log.warning("status of %s: %s: %s", job.key, type(err).__name__, err)
+                written = False
+                continue
+            state.conditions = conditions
+            state.status_doc.update(doc)
             self._phase_metrics()
             if event is not None:
                 kind, why = event
                 text = event_message or next(iter(updates.values()))[2]
                 await self._event(job, kind, why, text)
+        return written
 
     async def _blocked(self, job: JobSpec, pl: Placement, condition: str, reason: str,
                        message: str) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
+import pytest
+
 from choreo.service.api import pb
 from choreo_operator.kube import ApiError
 from choreo_operator.model import (
@@ -260,3 +263,50 @@ def test_files_too_large_for_a_configmap_are_synthesized_again_with_fewer_bucket
     assert final["phase"] == "Ready" and final["files"] == ["grads-0.xml", "grads-1.xml"]
     assert any(s.get("conditions") and "FewerSizeBuckets" in str(s["conditions"])
                for s in api.statuses("a"))
+
+
+@pytest.mark.parametrize("lost", [
+    ApiError(503, "PATCH", "status", "etcdserver: leader changed"),
+    aiohttp.ClientConnectionError("connection reset by peer")], ids=["503", "reset"])
+def test_a_status_write_lost_to_an_api_restart_keeps_the_schedule_it_names(
+        lost: Exception) -> None:
+    """While the status still names the old ConfigMap, collecting must not delete it, and
+    the new schedule is published again until the status says so."""
+
+    class RestartingApi(FakeApi):
+        down = False
+
+        async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+            if self.down and "configMap" in patch.get("status", {}):
+                self.down = False
+                raise lost
+            return await super().merge_patch(path, patch)
+
+    api, synth = RestartingApi(), FakeSynth()
+    state: dict[str, list[DeviceFailureSpec]] = {"failures": []}
+    rec = Reconciler(lambda: _inputs(state["failures"]), api, synth,
+                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+
+    def named_exists() -> bool:
+        return api.status("a")["configMap"] in api.configmaps()
+
+    async def settle(reasons: set[str]) -> None:
+        await rec.round(reasons, 0.0)
+        for flight in list(rec.flights.values()):
+            await flight.task
+        await rec._collect(rec.read().jobs, [])  # nothing mounts anything: collect at will
+
+    async def main() -> None:
+        await settle({"job"})
+        first = api.status("a")["configMap"]
+        api.down = True
+        state["failures"] = [DeviceFailureSpec("x", "n1", "gpu", gpu=1)]
+        await settle({"failure"})
+        assert api.status("a")["configMap"] == first and named_exists()
+        reasons, _ = await asyncio.wait_for(rec.debouncer.wait(), 5)
+        assert "retry" in reasons
+        await settle(reasons)
+        assert api.status("a")["configMap"] != first and named_exists()
+        assert first not in api.configmaps()  # collected once nothing names it
+
+    asyncio.run(main())
