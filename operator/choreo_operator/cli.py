@@ -7,6 +7,8 @@ grpc and aiohttp load only when the operator actually runs.
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +40,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split-bytes", type=int, default=900 * 1024,
                    help="split a schedule into per-pod ConfigMaps above this size")
     p.add_argument("--liveness", help="kopf liveness endpoint, e.g. http://127.0.0.1:8080/healthz")
+    p.add_argument("--leader-election", action=argparse.BooleanOptionalAction, default=True,
+                   help="run as one of several replicas: only the holder of a Lease reconciles")
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
+                   help="namespace of the Lease (default: $POD_NAMESPACE, else default)")
+    p.add_argument("--lease-name", default="choreo-operator")
+    p.add_argument("--identity", default=os.environ.get("POD_NAME") or socket.gethostname(),
+                   help="this replica's name in the Lease, unique per replica (default: "
+                   "$POD_NAME, else the host name); a restart under the same name takes its "
+                   "Lease back at once")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -60,7 +71,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         webhook_cert_dir=args.webhook_cert_dir, webhook_config=args.webhook_config,
         quiet_seconds=args.debounce, max_delay_seconds=args.max_delay,
         timeout_seconds=args.timeout, restarts=args.restarts, max_buckets=args.max_buckets,
-        split_bytes=args.split_bytes, liveness=args.liveness), args.log_level)
+        split_bytes=args.split_bytes, liveness=args.liveness,
+        leader_election=args.leader_election, lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name, identity=args.identity), args.log_level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,3 +24,7 @@ class Config:
     max_buckets: int = 4
     split_bytes: int = 900 * 1024
     liveness: str | None = None
+    leader_election: bool = True
+    lease_namespace: str = "default"
+    lease_name: str = "choreo-operator"
+    identity: str = ""  # this replica's name in the Lease (the pod's name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import kopf
 from choreo_operator import certs, metrics, model, webhook
 from choreo_operator.config import Config
 from choreo_operator.kube import Kube
+from choreo_operator.leader import Election, Elector
 from choreo_operator.reconciler import Inputs, Reconciler, Settings
 from choreo_operator.synthclient import SynthesizerClient
 
@@ -53,6 +55,9 @@ class LazyApi:
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
         return await (await self._api()).merge_patch(path, patch)
 
+    async def replace(self, path: str, body: dict[str, Any]) -> Any:
+        return await (await self._api()).replace(path, body)
+
     async def delete(self, path: str) -> Any:
         return await (await self._api()).delete(path)
 
@@ -74,6 +79,8 @@ class Runtime:
             max_buckets=config.max_buckets, split_bytes=config.split_bytes))
         self.task: asyncio.Task[None] | None = None
         self.webhook_task: asyncio.Task[None] | None = None
+        self.elector: Elector | None = None
+        self.election_task: asyncio.Task[None] | None = None
         self.webhook_ca = b""
 
     def _values(self, name: str) -> Iterator[Any]:
@@ -152,6 +159,31 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
             addr=cfg.webhook_addr, port=cfg.webhook_port, host=host,
             certfile=str(serving.cert_path), pkeyfile=str(serving.key_path))
         rt.webhook_ca = serving.ca_pem
+    if not cfg.leader_election:
+        await _lead(rt)
+        return
+    rt.elector = Elector(rt.api, Election(cfg.lease_namespace, cfg.lease_name, cfg.identity))
+    metrics.LEADER.set(0)
+
+    async def lead() -> None:
+        await _lead(rt)
+
+    async def step_down() -> None:
+        # Exit as client-go leaders do: the process comes back as a standby with fresh state.
+        if rt.task is not None:
+            rt.task.cancel()
+        await rt.reconciler.stop()
+        metrics.LEADER.set(0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    rt.election_task = asyncio.create_task(rt.elector.run(lead, step_down),
+                                           name="choreo-election")
+
+
+async def _lead(rt: Runtime) -> None:
+    """Start reconciling (and point the webhook here): this replica is the active one."""
+    cfg = rt.config
+    metrics.LEADER.set(1)
     rt.task = asyncio.create_task(rt.reconciler.run(), name="choreo-reconciler")
     if cfg.webhook_port > 0 and cfg.webhook_config:
         rt.webhook_task = asyncio.create_task(_register_webhook(rt), name="choreo-webhook")
@@ -179,9 +211,13 @@ async def _register_webhook(rt: Runtime) -> None:
 @kopf.on.cleanup(registry=registry)
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     rt = _rt(memo)
+    if rt.election_task is not None:
+        rt.election_task.cancel()
     if rt.task is not None:
         rt.task.cancel()
     await rt.reconciler.stop()
+    if rt.elector is not None and rt.elector.leading:
+        await rt.elector.release()  # nothing is written after this: a standby may lead now
     await rt.synth.close()
     if rt.api.kube is not None:
         await rt.api.kube.close()

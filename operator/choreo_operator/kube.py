@@ -94,6 +94,10 @@ class Kube:
     async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
         return await self.request("PATCH", path, patch, content_type=MERGE)
 
+    async def replace(self, path: str, body: dict[str, Any]) -> Any:
+        """PUT: fails with 409 unless ``body``'s resourceVersion is still current."""
+        return await self.request("PUT", path, body)
+
     async def delete(self, path: str) -> Any:
         return await self.request("DELETE", path)
 

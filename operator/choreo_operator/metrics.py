@@ -30,6 +30,9 @@ RESYNTHESES = Counter("choreo_resynthesis_total",
 LATENCY = Histogram("choreo_resynthesis_latency_seconds",
                     "From the first event of a batch to the new ConfigMap written",
                     buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120), registry=REGISTRY)
+LEADER = Gauge("choreo_operator_leader",
+               "1 on the replica that holds the Lease and reconciles, 0 on a standby",
+               registry=REGISTRY)
 TENANTS = Gauge("choreo_tenants", "CollectiveJobs by phase", ("phase",), registry=REGISTRY)
 
 PHASES = ("Pending", "Synthesizing", "Ready", "Degraded", "Infeasible")

@@ -158,10 +158,23 @@ def test_operator_rbac_matches_the_operator_manifest(helm: Path) -> None:
     assert norm(chart) == norm(expected)
 
 
-def test_operator_single_replica_recreate(helm: Path) -> None:
-    op = by_kind(render(helm), "Deployment")["rel-choreo-operator"]
-    assert op["spec"]["replicas"] == 1
-    assert op["spec"]["strategy"] == {"type": "Recreate"}
+def test_operator_two_replicas_electing_one_leader(helm: Path) -> None:
+    docs = render(helm)
+    op = by_kind(docs, "Deployment")["rel-choreo-operator"]
+    assert op["spec"]["replicas"] == 2 and "strategy" not in op["spec"]  # rolling, not Recreate
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+           for e in op["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env == {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+    rules = by_kind(docs, "ClusterRole")["rel-choreo-operator"]["rules"]
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "verbs": ["get", "create", "update"]} in rules
+
+
+def test_synthesizer_headless_service_for_client_side_balancing(helm: Path) -> None:
+    services = by_kind(render(helm), "Service")
+    headless = services["rel-choreo-synthesizer-headless"]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == services["rel-choreo-synthesizer"]["spec"]["selector"]
 
 
 def test_synthesizer_replicas_and_grpc_probes(helm: Path) -> None:
@@ -212,7 +225,9 @@ def test_container_args_parse_with_the_real_command_lines(helm: Path) -> None:
                         f"{' '.join(container['args'])}` does not parse")
         seen[container["args"][0]] = args
     assert set(seen) == {"operator", "serve", "agent"}
-    assert seen["operator"].synthesizer == "rel-choreo-synthesizer.choreo-system.svc:50051"
+    assert (seen["operator"].synthesizer
+            == "dns:///rel-choreo-synthesizer-headless.choreo-system.svc:50051")
+    assert seen["operator"].leader_election
     assert seen["operator"].webhook_config == ""
     assert seen["operator"].metrics_addr == "0.0.0.0"
     assert seen["serve"].metrics_port == 9090

@@ -1,0 +1,150 @@
+"""One active operator among replicas: leader election on a ``coordination.k8s.io`` Lease.
+
+The protocol is client-go's: a candidate takes the Lease when it is free or when its holder has
+not renewed it for ``lease_seconds`` as observed here (never comparing clocks across
+machines); the holder renews it every ``retry_seconds`` and every write carries the
+resourceVersion it read, so two candidates never both win. A leader that cannot renew within
+``renew_seconds`` stops leading; the caller then exits, as client-go leaders do, and comes
+back as a standby. A leader that shuts down cleanly releases the Lease, so a standby takes
+over at its next try instead of waiting out the lease.
+
+Every replica keeps its kopf indexes warm; only the leader reconciles and writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import aiohttp
+
+from choreo_operator.kube import ApiError
+
+log = logging.getLogger("choreo.operator.leader")
+
+
+class LeaseApi(Protocol):
+    async def get(self, path: str) -> Any: ...
+    async def create(self, path: str, body: dict[str, Any]) -> Any: ...
+    async def replace(self, path: str, body: dict[str, Any]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Election:
+    namespace: str
+    name: str
+    identity: str
+    lease_seconds: float = 8.0
+    renew_seconds: float = 6.0
+    retry_seconds: float = 1.0
+
+    @property
+    def collection(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Elector:
+    def __init__(self, api: LeaseApi, election: Election) -> None:
+        self.api = api
+        self.election = election
+        self.leading = False
+        self.holder = ""  # the Lease's holder as last read
+        self._seen: tuple[str, float] | None = None  # (resourceVersion, when first seen)
+
+    def _spec(self, transitions: int, acquired: str | None = None) -> dict[str, Any]:
+        e = self.election
+        now = _now()
+        return {"holderIdentity": e.identity, "leaseDurationSeconds": round(e.lease_seconds),
+                "acquireTime": acquired or now, "renewTime": now,
+                "leaseTransitions": transitions}
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One attempt; True when this replica holds the Lease afterwards."""
+        e = self.election
+        path = f"{e.collection}/{e.name}"
+        try:
+            lease = await self.api.get(path)
+        except ApiError as err:
+            if err.status != 404:
+                raise
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": e.name, "namespace": e.namespace},
+                    "spec": self._spec(0)}
+            try:
+                await self.api.create(e.collection, body)
+            except ApiError as err2:
+                if err2.status == 409:
+                    return False
+                raise
+            return True
+        spec = lease.get("spec") or {}
+        meta = lease["metadata"]
+        holder = self.holder = spec.get("holderIdentity") or ""
+        version = str(meta.get("resourceVersion", ""))
+        if self._seen is None or self._seen[0] != version:
+            self._seen = (version, time.monotonic())
+        expired = time.monotonic() - self._seen[1] > float(
+            spec.get("leaseDurationSeconds") or e.lease_seconds)
+        if holder and holder != e.identity and not expired:
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0) + (holder != e.identity)
+        acquired = spec.get("acquireTime") if holder == e.identity else None
+        body = {**lease, "spec": self._spec(transitions, acquired)}
+        try:
+            await self.api.replace(path, body)
+        except ApiError as err:
+            if err.status == 409:  # someone else wrote first: read again next time
+                return False
+            raise
+        if holder != e.identity:
+            log.info("took the Lease %s/%s from %r", e.namespace, e.name, holder or "nobody")
+        return True
+
+    async def release(self) -> None:
+        """Hand the Lease back at a clean shutdown, so a standby need not wait it out."""
+        e = self.election
+        path = f"{e.collection}/{e.name}"
+        try:
+            lease = await self.api.get(path)
+            if (lease.get("spec") or {}).get("holderIdentity") != e.identity:
+                return
+            spec = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
+            await self.api.replace(path, {**lease, "spec": spec})
+            log.info("released the Lease %s/%s", e.namespace, e.name)
+        except (ApiError, aiohttp.ClientError, TimeoutError) as err:
+            log.warning("releasing the Lease: %s", err)
+
+    async def run(self, on_started: Callable[[], Awaitable[None]],
+                  on_stopped: Callable[[], Awaitable[None]]) -> None:
+        """Campaign until leading, lead while renewals succeed, then call ``on_stopped``."""
+        e = self.election
+        renewed = time.monotonic()
+        while True:
+            try:
+                ok = await self.try_acquire_or_renew()
+            except (ApiError, aiohttp.ClientError, TimeoutError) as err:
+                log.warning("Lease %s/%s: %s", e.namespace, e.name, err)
+                ok = False
+            if ok:
+                renewed = time.monotonic()
+                if not self.leading:
+                    self.leading = True
+                    log.info("leading as %s", e.identity)
+                    await on_started()
+            elif self.leading and (self.holder not in ("", e.identity)
+                                   or time.monotonic() - renewed > e.renew_seconds):
+                self.leading = False
+                log.error("lost the Lease %s/%s (held by %r; last renewed %.1f s ago)",
+                          e.namespace, e.name, self.holder, time.monotonic() - renewed)
+                await on_stopped()
+                return
+            await asyncio.sleep(e.retry_seconds)

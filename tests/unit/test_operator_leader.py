@@ -1,0 +1,85 @@
+"""Lease election against an in-memory API that enforces resourceVersion like the real one."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from choreo_operator.kube import ApiError
+from choreo_operator.leader import Election, Elector
+
+
+class LeaseStore:
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+
+    async def get(self, path: str) -> Any:
+        if self.lease is None:
+            raise ApiError(404, "GET", path, "not found")
+        return copy.deepcopy(self.lease)
+
+    async def create(self, path: str, body: dict[str, Any]) -> Any:
+        if self.lease is not None:
+            raise ApiError(409, "POST", path, "exists")
+        return await self._store(body)
+
+    async def replace(self, path: str, body: dict[str, Any]) -> Any:
+        assert self.lease is not None
+        if body["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
+            raise ApiError(409, "PUT", path, "the object has been modified")
+        return await self._store(body)
+
+    async def _store(self, body: dict[str, Any]) -> Any:
+        self.version += 1
+        self.lease = copy.deepcopy(body)
+        self.lease["metadata"]["resourceVersion"] = str(self.version)
+        return copy.deepcopy(self.lease)
+
+
+def _elector(store: LeaseStore, who: str) -> Elector:
+    return Elector(store, Election("default", "op", who, lease_seconds=0.3, renew_seconds=0.2,
+                                   retry_seconds=0.05))
+
+
+def test_one_leader_and_a_takeover_only_after_the_lease_runs_out() -> None:
+    store = LeaseStore()
+    a, b = _elector(store, "a"), _elector(store, "b")
+
+    async def main() -> None:
+        assert await a.try_acquire_or_renew()
+        assert not await b.try_acquire_or_renew()  # held and fresh
+        stale = await store.get("")
+        assert await a.try_acquire_or_renew()  # a renews: b's copy is out of date
+        assert not await b.try_acquire_or_renew()
+        await asyncio.sleep(0.2)
+        assert await a.try_acquire_or_renew()
+        assert not await b.try_acquire_or_renew()  # renewals keep it a's
+        await asyncio.sleep(0.4)  # a stopped renewing: b sees no change for a whole lease
+        assert await b.try_acquire_or_renew()
+        assert not await a.try_acquire_or_renew() and a.holder == "b"
+        # a write based on an old read loses, whoever makes it
+        stale["spec"]["holderIdentity"] = "a"
+        try:
+            await store.replace("", stale)
+            raise AssertionError("a stale write was accepted")
+        except ApiError as err:
+            assert err.status == 409
+        assert store.lease is not None and store.lease["spec"]["leaseTransitions"] == 1
+
+    asyncio.run(main())
+
+
+def test_a_released_lease_is_taken_at_once() -> None:
+    store = LeaseStore()
+    a, b = _elector(store, "a"), _elector(store, "b")
+
+    async def main() -> None:
+        assert await a.try_acquire_or_renew()
+        a.leading = True
+        assert not await b.try_acquire_or_renew()
+        await a.release()
+        assert await b.try_acquire_or_renew()
+
+    asyncio.run(main())
