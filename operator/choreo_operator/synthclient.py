@@ -16,11 +16,10 @@ import grpc
 import grpc.aio
 
 from choreo.service.api import SYNTHESIZE, pb
+from choreo.service.client import channel_options
 from choreo.service.convert import fabric_to_proto
 from choreo.topology import Topology
 from choreo_operator.model import CollectiveSpec
-
-MAX_MESSAGE_BYTES = 256 << 20
 
 
 class Outcome(enum.StrEnum):
@@ -82,13 +81,13 @@ def build_request(fabric: Topology, tenants: Sequence[TenantRequest], options: R
 
 
 class SynthesizerClient:
-    """An async channel to ``choreo serve``; plaintext unless a CA is given."""
+    """An async channel to ``choreo serve``; plaintext unless a CA is given.
+
+    ``address`` is a gRPC target: with several replicas (``dns:///`` a headless Service, or
+    an ``ipv4:`` list) calls are spread over the ready ones and retried on another."""
 
     def __init__(self, address: str, ca: bytes | None = None) -> None:
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.initial_reconnect_backoff_ms", 200),
-                   ("grpc.max_reconnect_backoff_ms", 2000)]
+        options = channel_options()
         if ca is None:
             self.channel = grpc.aio.insecure_channel(address, options=options)
         else:

@@ -48,8 +48,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
 {{- end -}}
 
+{{/* The operator's gRPC target: every ready synthesizer pod by DNS, balanced round-robin. */}}
 {{- define "choreo.synthesizerAddress" -}}
-{{- printf "%s.%s.svc:%d" (include "choreo.component" (dict "root" . "component" "synthesizer")) .Release.Namespace (int .Values.synthesizer.port) -}}
+{{- printf "dns:///%s-headless.%s.svc:%d" (include "choreo.component" (dict "root" . "component" "synthesizer")) .Release.Namespace (int .Values.synthesizer.port) -}}
 {{- end -}}
 
 {{- define "choreo.webhookSecret" -}}

@@ -10,5 +10,6 @@ from choreo.service.gen import synthesizer_pb2_grpc as pb_grpc  # noqa: E402
 SERVICE = protos.SERVICE
 SYNTHESIZE = f"/{SERVICE}/Synthesize"
 SYNTHESIZE_STREAM = f"/{SERVICE}/SynthesizeStream"
+MAX_MESSAGE_BYTES = 64 << 20  # a 1,000-GPU fabric plus XML for several buckets fits
 
-__all__ = ["SERVICE", "SYNTHESIZE", "SYNTHESIZE_STREAM", "pb", "pb_grpc"]
+__all__ = ["MAX_MESSAGE_BYTES", "SERVICE", "SYNTHESIZE", "SYNTHESIZE_STREAM", "pb", "pb_grpc"]

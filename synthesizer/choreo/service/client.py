@@ -1,12 +1,13 @@
 """A small Python client: build requests from choreo types and call a synthesizer.
 
 Used by ``choreo synthesize --remote``, the load benchmark and the tests; the operator has
-its own client generated from the same .proto.
+its own client generated from the same .proto and shares ``channel_options`` with it.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +15,8 @@ from pathlib import Path
 import grpc
 
 from choreo.collectives import Collective
-from choreo.service.api import SYNTHESIZE, SYNTHESIZE_STREAM, pb
+from choreo.service.api import MAX_MESSAGE_BYTES, SERVICE, SYNTHESIZE, SYNTHESIZE_STREAM, pb
 from choreo.service.convert import fabric_to_proto
-from choreo.service.server import MAX_MESSAGE_BYTES
 from choreo.topology import Topology
 
 
@@ -58,15 +58,43 @@ def build_request(fabric: Topology | pb.FabricSnapshot, tenants: Sequence[Tenant
     return req
 
 
-def open_channel(address: str, *, ca: str | None = None, cert: str | None = None,
-                 key: str | None = None, server_name: str | None = None) -> grpc.Channel:
-    """Plaintext unless a CA is given; with ``cert``/``key`` as well, mutual TLS."""
+# Spread calls over every replica the target resolves to (a headless Service's pods by
+# ``dns:///``, or a list such as ``ipv4:127.0.0.1:50051,127.0.0.1:50052``), send none to a
+# replica whose health is not SERVING (starting or draining), and retry a call whose replica
+# went away on another one: requests carry idempotency keys, so a retry is safe.
+SERVICE_CONFIG = {
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "healthCheckConfig": {"serviceName": SERVICE},
+    "methodConfig": [{
+        "name": [{"service": SERVICE}],
+        "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "2s",
+                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+    }],
+}
+
+
+def channel_options(server_name: str | None = None) -> list[tuple[str, int | str]]:
+    """Options for every channel to the synthesizer, sync or asyncio."""
     options: list[tuple[str, int | str]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+        ("grpc.enable_retries", 1),
+        # A retry resends the request from this buffer: large fabrics must fit in it.
+        ("grpc.per_rpc_retry_buffer_size", MAX_MESSAGE_BYTES),
+        ("grpc.retry_buffer_size", 4 * MAX_MESSAGE_BYTES),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2000),
     ]
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))
+    return options
+
+
+def open_channel(address: str, *, ca: str | None = None, cert: str | None = None,
+                 key: str | None = None, server_name: str | None = None) -> grpc.Channel:
+    """Plaintext unless a CA is given; with ``cert``/``key`` as well, mutual TLS."""
+    options = channel_options(server_name)
     if ca is None:
         return grpc.insecure_channel(address, options=options)
     creds = grpc.ssl_channel_credentials(

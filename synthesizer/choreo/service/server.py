@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from choreo.errors import InputError
-from choreo.service.api import SERVICE
+from choreo.service.api import MAX_MESSAGE_BYTES, SERVICE
 from choreo.service.cache import ResultCache
 from choreo.service.metrics import Metrics
 from choreo.service.pool import PoolStats, WorkerPool
@@ -33,7 +33,6 @@ from choreo.service.servicer import Synthesizer
 log = logging.getLogger("choreo.service")
 
 SWITCH_INTERVAL = 0.0005  # seconds
-MAX_MESSAGE_BYTES = 64 << 20  # a 1,000-GPU fabric plus XML for several buckets fits
 
 
 @dataclass
@@ -86,6 +85,10 @@ class SynthesizerServer:
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes),
             ("grpc.so_reuseport", 0),
+            # Clients reconnect (and resolve the headless Service again) now and then, so
+            # replicas added later get their share of the requests.
+            ("grpc.max_connection_age_ms", 5 * 60 * 1000),
+            ("grpc.max_connection_age_grace_ms", 10 * 60 * 1000),
         ]
         # Requests waiting for a worker hold a thread; the extra threads keep cache hits,
         # health checks and refusals answered while every worker is busy.
