@@ -57,6 +57,7 @@ bench: setup cluster-binaries
 	-$(BIN)/python -m choreo.msccl.bench
 	-$(BIN)/python -m choreo.teccl.bench
 	-$(BIN)/python -m choreo.service.bench
+	-$(BIN)/python -m choreo.service.spread_bench
 	-$(BIN)/python -m choreo_agents.bench
 	-$(BIN)/choreo-dev bench
 	-$(BIN)/python -m choreo_operator.bench
