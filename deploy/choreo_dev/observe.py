@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from choreo_dev.kube import KubeClient
-from choreo_operator import model
+from choreo_dev.kube import ApiError, KubeClient
+from choreo_operator import model, sources
 from choreo_operator.fabric import Fabric
 from choreo_operator.placement import Placement, place
 from choreo_operator.reconciler import GroupPlan, Inputs, Reconciler, Settings
@@ -24,14 +24,34 @@ def items(client: KubeClient, path: str) -> list[dict[str, Any]]:
     return list(client.get(path).get("items") or [])
 
 
+def served_items(client: KubeClient, group: str, plural: str) -> list[dict[str, Any]]:
+    """The objects of ``plural`` in the version ``group`` prefers; none if it is not served."""
+    try:
+        version = client.get(f"/apis/{group}")["preferredVersion"]["groupVersion"]
+        return items(client, f"/apis/{version}/{plural}")
+    except (ApiError, KeyError, TypeError):
+        return []
+
+
 def read_inputs(client: KubeClient) -> Inputs:
-    """Everything the operator indexes, parsed the way the operator parses it."""
+    """Everything the operator indexes, parsed the way the operator parses it. FabricTopology
+    sources are resolved without the operator's memory of earlier rounds: while a source is
+    inconsistent this view leaves out the nodes the operator keeps where they were."""
     nfs = [model.node_fabric_spec(b) for b in items(client, f"{GROUP}/nodefabrics")]
+    nodes = {n.name: n for n in (model.node_info(b) for b in items(client, "/api/v1/nodes"))}
+    fabrics = [model.fabric_spec(b) for b in items(client, f"{GROUP}/fabrictopologies")]
+    if any(f.source is not None for f in fabrics):
+        fabrics = sources.Resolver().resolve_all(
+            fabrics, nodes,
+            [model.kueue_topology(b) for b in served_items(client, "kueue.x-k8s.io",
+                                                           "topologies")],
+            [model.hyper_node(b) for b in served_items(client, "topology.volcano.sh",
+                                                       "hypernodes")])
     return Inputs(
-        fabrics=[model.fabric_spec(b) for b in items(client, f"{GROUP}/fabrictopologies")],
+        fabrics=fabrics,
         node_fabrics={nf.node: nf for nf in nfs},
         failures=[model.device_failure_spec(b) for b in items(client, f"{GROUP}/devicefailures")],
-        nodes={n.name: n for n in (model.node_info(b) for b in items(client, "/api/v1/nodes"))},
+        nodes=nodes,
         jobs=[model.job_spec(b) for b in items(client, f"{GROUP}/collectivejobs")],
         pods=[model.pod_info(b) for b in items(client, "/api/v1/pods")],
     )

@@ -12,6 +12,13 @@ Inter-node shapes:
   reported); with one rail per GPU, GPU ``r`` plugs into rail ``r`` directly, as in
   ``generators.dgx_h100``.
 - ``switch``: the same NICs, all on one switch ``fabric-switch``.
+- blocks (``rail`` and ``switch``): a node in block ``b`` plugs into the block's own leaf
+  switches ``b/rail<r>`` (``b/fabric-switch``) instead; nodes in no block share the plain
+  ``rail<r>``. Every leaf of a rail joins the rail's spine switch ``spine/rail<r>``
+  (``spine/fabric-switch``) by one duplex uplink carrying the leaf's port bandwidth over
+  ``interNode.spineOversubscription`` (1: non-blocking; 2: 2:1), with the same per-hop alpha
+  as a port. A rail with a single leaf gets no spine, so a fabric without blocks is exactly
+  the flat one.
 - ``torus``: nodes on a torus over ``dims`` by position; GPU ``g`` links to GPU ``g`` of each
   neighbour node.
 - ``none``: nodes are islands.
@@ -253,6 +260,7 @@ class BaseFabric:
     node_gpus: Mapping[str, tuple[int, ...]]
     failed: frozenset[int]  # GPUs the agents report unhealthy
     notes: tuple[str, ...]
+    blocks: Mapping[str, str] = field(default_factory=dict)  # node -> block
 
 
 def build_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec],
@@ -263,7 +271,7 @@ def build_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec],
 
 
 def base_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec]) -> BaseFabric:
-    notes: list[str] = []
+    notes: list[str] = list(spec.notes)
     seen_positions: dict[int, str] = {}
     for name, pos in spec.nodes:
         if pos in seen_positions:
@@ -296,6 +304,10 @@ def base_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec]) ->
             b.links.append(Link(b.ids[_ref_name(name, src)], b.ids[_ref_name(name, dst)], alpha,
                                 bw, kind, healthy))
     _inter_node(spec, models, b, notes)
+    if len(b.ids) != len(b.names):
+        clash = sorted({n for n in b.names if b.names.count(n) > 1})
+        notes.append(f"fabric names used twice (a block named like a node or 'spine'?): "
+                     f"{', '.join(clash[:5])}")
     failed = frozenset(gpu_ids[(name, g)] for name, _ in spec.nodes
                        for g in models[name].failed_gpus if (name, g) in gpu_ids)
     topo = Topology(name=spec.name, kinds=tuple(b.kinds), links=tuple(b.links),
@@ -304,7 +316,8 @@ def base_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec]) ->
         topo.validate("fabric")  # failures change health only, so the live fabric is valid too
     except InputError as err:
         notes.append(str(err))
-    return BaseFabric(topo, b.ids, models, gpu_ids, node_gpus, failed, tuple(notes))
+    return BaseFabric(topo, b.ids, models, gpu_ids, node_gpus, failed, tuple(notes),
+                      dict(spec.blocks))
 
 
 def apply_failures(base: BaseFabric, failures: Iterable[DeviceFailureSpec] = (),
@@ -318,7 +331,8 @@ def apply_failures(base: BaseFabric, failures: Iterable[DeviceFailureSpec] = (),
     for f in failures:
         if f.resolved:
             continue
-        found = _apply_failure(f, topo, base.ids, base.models, failed, bad_links)
+        found = _apply_failure(f, topo, base.ids, base.models, failed, bad_links,
+                               base.blocks.get(f.node, ""))
         if found:
             problems[f.name] = found
     final = topo.with_health(frozenset(failed), bad_links)
@@ -362,22 +376,46 @@ def _inter_node(spec: FabricSpec, models: Mapping[str, LocalModel], b: _Builder,
                     b.duplex(b.ids[f"{name}/gpu{g}"], b.ids[f"{other}/gpu{g}"], alpha, bw,
                              "optical")
         return
-    switches: dict[int, int] = {}
+    blocks = dict(spec.blocks)
+    leaves: dict[tuple[int, str], int] = {}  # (rail or 0, block) -> leaf switch
+    labels: dict[int, str] = {}
+    ports: dict[tuple[int, str], float] = {}  # the bandwidth of a leaf's node ports
     for name in names:
+        block = blocks.get(name, "")
         for rail, (ref, port_bw) in sorted(models[name].rails.items()):
             key = 0 if spec.inter_type == "switch" else rail
-            if key not in switches:
-                label = "fabric-switch" if spec.inter_type == "switch" else f"rail{rail}"
-                switches[key] = b.node(label, NodeKind.SWITCH)
+            label = labels.setdefault(key, "fabric-switch" if spec.inter_type == "switch"
+                                      else f"rail{rail}")
+            leaf = leaves.get((key, block))
+            if leaf is None:
+                leaf = leaves[(key, block)] = b.node(_leaf_name(block, label), NodeKind.SWITCH)
             end, up = b.ids[_ref_name(name, ref)], rail not in models[name].down_rails
-            b.links.append(Link(end, switches[key], alpha / 2, port_bw or bw, "ib", up))
-            b.links.append(Link(switches[key], end, alpha / 2, port_bw or bw, "ib", up))
+            b.links.append(Link(end, leaf, alpha / 2, port_bw or bw, "ib", up))
+            b.links.append(Link(leaf, end, alpha / 2, port_bw or bw, "ib", up))
+            ports[(key, block)] = ports.get((key, block), 0.0) + (port_bw or bw)
+    ratio = spec.spine_oversubscription
+    if ratio <= 0:
+        notes.append(f"interNode.spineOversubscription {ratio} is not positive: using 1")
+        ratio = 1.0
+    for key, label in labels.items():
+        under = [(block, leaf) for (k, block), leaf in leaves.items() if k == key]
+        if len(under) < 2:
+            continue
+        spine = b.node(f"spine/{label}", NodeKind.SWITCH)
+        for block, leaf in under:
+            b.duplex(leaf, spine, alpha / 2, ports[(key, block)] / ratio, "ib")
+
+
+def _leaf_name(block: str, label: str) -> str:
+    """The switch of ``block`` for rail ``label`` (``rail<r>`` or ``fabric-switch``)."""
+    return f"{block}/{label}" if block else label
 
 
 def _apply_failure(f: DeviceFailureSpec, topo: Topology, ids: Mapping[str, int],
                    models: Mapping[str, LocalModel], failed: set[int],
-                   bad_links: set[int]) -> str | None:
-    """Mark what ``f`` names as failed; return why it names nothing, or None."""
+                   bad_links: set[int], block: str = "") -> str | None:
+    """Mark what ``f`` names as failed; return why it names nothing, or None. ``block`` is
+    the node's block: its NICs plug into that block's leaf switches."""
     model = models.get(f.node)
     if model is None:
         return f"node {f.node} is not in FabricTopology {topo.name}"
@@ -393,7 +431,8 @@ def _apply_failure(f: DeviceFailureSpec, topo: Topology, ids: Mapping[str, int],
             return f"node {f.node} has no NIC {f.nic}"
         ref = model.rails[rail][0]
         end = ids[_ref_name(f.node, ref)]
-        uplink = ids.get(f"rail{rail}", ids.get("fabric-switch"))
+        uplink = ids.get(_leaf_name(block, f"rail{rail}"),
+                         ids.get(_leaf_name(block, "fabric-switch")))
         if ref[0] == "gpu":  # the NIC is the GPU's own port into the rail
             if f.type == "link" and ref[1] != f.gpu:
                 return f"node {f.node}: NIC {f.nic} belongs to GPU {ref[1]}, not {f.gpu}"

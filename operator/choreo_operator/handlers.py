@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import kopf
 
-from choreo_operator import certs, metrics, model, webhook
+from choreo_operator import certs, metrics, model, sources, webhook
 from choreo_operator.config import Config
 from choreo_operator.kube import Kube
 from choreo_operator.leader import Election, Elector
@@ -73,15 +72,26 @@ class Runtime:
         self.synth = SynthesizerClient(
             config.synthesizer,
             Path(config.synthesizer_ca).read_bytes() if config.synthesizer_ca else None)
-        self.reconciler = Reconciler(self.read, self.api, self.synth, Settings(
-            quiet_seconds=config.quiet_seconds, max_delay_seconds=config.max_delay_seconds,
-            call_timeout_seconds=config.timeout_seconds, restarts=config.restarts,
-            max_buckets=config.max_buckets, split_bytes=config.split_bytes))
+        self.reconciler = self.new_reconciler()
         self.task: asyncio.Task[None] | None = None
         self.webhook_task: asyncio.Task[None] | None = None
         self.elector: Elector | None = None
         self.election_task: asyncio.Task[None] | None = None
         self.webhook_ca = b""
+        self.sources = sources.Resolver()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica reconciles: a standby only keeps its indexes warm."""
+        return self.elector is None or self.elector.leading
+
+    def new_reconciler(self) -> Reconciler:
+        """A reconciler with nothing in memory: it learns each job's state from its status."""
+        config = self.config
+        return Reconciler(self.read, self.api, self.synth, Settings(
+            quiet_seconds=config.quiet_seconds, max_delay_seconds=config.max_delay_seconds,
+            call_timeout_seconds=config.timeout_seconds, restarts=config.restarts,
+            max_buckets=config.max_buckets, split_bytes=config.split_bytes))
 
     def _values(self, name: str) -> Iterator[Any]:
         index = self.indices[name] if self.indices is not None else {}
@@ -89,11 +99,15 @@ class Runtime:
             yield from store
 
     def read(self) -> Inputs:
+        nodes = {n.name: n for n in self._values("node_idx")}
         return Inputs(
-            fabrics=list(self._values("fabric_idx")),
+            # a FabricTopology with spec.source becomes an ordinary one here
+            fabrics=self.sources.resolve_all(self._values("fabric_idx"), nodes,
+                                             self._values("kueue_topology_idx"),
+                                             self._values("hypernode_idx")),
             node_fabrics={nf.node: nf for nf in self._values("nodefabric_idx")},
             failures=list(self._values("failure_idx")),
-            nodes={n.name: n for n in self._values("node_idx")},
+            nodes=nodes,
             jobs=list(self._values("job_idx")),
             pods=list(self._values("pod_idx")),
         )
@@ -169,12 +183,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         await _lead(rt)
 
     async def step_down() -> None:
-        # Exit as client-go leaders do: the process comes back as a standby with fresh state.
+        # Stop writing at once; whatever this replica knew may be stale by the time it leads
+        # again, so it starts over from the jobs' statuses then.
         if rt.task is not None:
             rt.task.cancel()
         await rt.reconciler.stop()
+        rt.reconciler = rt.new_reconciler()
         metrics.LEADER.set(0)
-        os.kill(os.getpid(), signal.SIGTERM)
 
     rt.election_task = asyncio.create_task(rt.elector.run(lead, step_down),
                                            name="choreo-election")
@@ -185,6 +200,7 @@ async def _lead(rt: Runtime) -> None:
     cfg = rt.config
     metrics.LEADER.set(1)
     rt.task = asyncio.create_task(rt.reconciler.run(), name="choreo-reconciler")
+    rt.reconciler.poke("leader")  # a full round: the events seen while standing by were not
     if cfg.webhook_port > 0 and cfg.webhook_config:
         rt.webhook_task = asyncio.create_task(_register_webhook(rt), name="choreo-webhook")
 
@@ -247,6 +263,24 @@ def node_idx(body: kopf.Body, **_: Any) -> dict[str, model.NodeInfo]:
     return {body["metadata"]["name"]: model.node_info(body)}
 
 
+# Topology sources of FabricTopology spec.source. Versionless: kopf serves the version the
+# API server prefers (Kueue's v1alpha1, v1beta1 or v1beta2 Topology alike). kopf resolves
+# resources once at startup (scanning is off): a Kueue or Volcano CRD installed later is
+# served after an operator restart; without the CRD these indexes stay empty.
+KUEUE_TOPOLOGIES = ("kueue.x-k8s.io", "topologies")
+VOLCANO_HYPERNODES = ("topology.volcano.sh", "hypernodes")
+
+
+@kopf.index(*KUEUE_TOPOLOGIES, registry=registry)
+def kueue_topology_idx(body: kopf.Body, **_: Any) -> dict[str, model.KueueTopology]:
+    return {body["metadata"]["name"]: model.kueue_topology(body)}
+
+
+@kopf.index(*VOLCANO_HYPERNODES, registry=registry)
+def hypernode_idx(body: kopf.Body, **_: Any) -> dict[str, model.HyperNode]:
+    return {body["metadata"]["name"]: model.hyper_node(body)}
+
+
 @kopf.index(G, V, "collectivejobs", registry=registry)
 def job_idx(body: kopf.Body, **_: Any) -> dict[str, model.JobSpec]:
     job = model.job_spec(body)
@@ -268,7 +302,7 @@ def _watch(kind: str, reason: str, key_of: Callable[[kopf.Body], str],
     def handler(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
         rt = _rt(memo)
         value = compact(body)
-        if rt.changed(kind, key_of(body), value, deleted=type == "DELETED"):
+        if rt.changed(kind, key_of(body), value, deleted=type == "DELETED") and rt.leading:
             rt.reconciler.poke(reason)
 
 
@@ -295,7 +329,9 @@ def _pod_trigger(body: kopf.Body) -> Any:
 _watch("fabric", "fabric", _name, model.fabric_spec, G, V, "fabrictopologies")
 _watch("nodefabric", "nodefabric", _name, model.node_fabric_spec, G, V, "nodefabrics")
 _watch("failure", "failure", _name, model.device_failure_spec, G, V, "devicefailures")
-_watch("node", "node", _name, model.node_info, "", "v1", "nodes")
+_watch("node", "node", _name, model.node_info, "", "v1", "nodes")  # labels feed spec.source
+_watch("kueue", "fabric", _name, model.kueue_topology, *KUEUE_TOPOLOGIES)
+_watch("hypernode", "fabric", _name, model.hyper_node, *VOLCANO_HYPERNODES)
 _watch("job", "job", _ns_name, _job_trigger, G, V, "collectivejobs")
 _watch("pod", "pods", _ns_name, _pod_trigger, "", "v1", "pods")
 

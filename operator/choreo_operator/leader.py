@@ -4,9 +4,10 @@ The protocol is client-go's: a candidate takes the Lease when it is free or when
 not renewed it for ``lease_seconds`` as observed here (never comparing clocks across
 machines); the holder renews it every ``retry_seconds`` and every write carries the
 resourceVersion it read, so two candidates never both win. A leader that cannot renew within
-``renew_seconds`` stops leading; the caller then exits, as client-go leaders do, and comes
-back as a standby. A leader that shuts down cleanly releases the Lease, so a standby takes
-over at its next try instead of waiting out the lease.
+``renew_seconds`` stops leading, drops what it held in memory (the caller's
+``on_stopped``) and campaigns again as a standby; an API server that was only restarting
+gives the Lease straight back to its holder. A leader that shuts down cleanly releases the
+Lease, so a standby takes over at its next try instead of waiting out the lease.
 
 Every replica keeps its kopf indexes warm; only the leader reconciles and writes.
 """
@@ -125,7 +126,8 @@ class Elector:
 
     async def run(self, on_started: Callable[[], Awaitable[None]],
                   on_stopped: Callable[[], Awaitable[None]]) -> None:
-        """Campaign until leading, lead while renewals succeed, then call ``on_stopped``."""
+        """Campaign; lead while renewals succeed; on a loss call ``on_stopped`` and campaign
+        again, until cancelled."""
         e = self.election
         renewed = time.monotonic()
         while True:
@@ -146,5 +148,4 @@ class Elector:
                 log.error("lost the Lease %s/%s (held by %r; last renewed %.1f s ago)",
                           e.namespace, e.name, self.holder, time.monotonic() - renewed)
                 await on_stopped()
-                return
             await asyncio.sleep(e.retry_seconds)

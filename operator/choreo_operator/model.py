@@ -8,7 +8,7 @@ that matters change?" a plain equality test.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from choreo.generators import NDR_NIC_BANDWIDTH
@@ -23,8 +23,27 @@ Body = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
+class FabricSource:
+    """``spec.source`` of a FabricTopology: where its nodes and blocks come from.
+
+    ``kind`` is ``topograph``, ``kueue`` or ``volcano``; ``topology`` names the Kueue
+    Topology; ``block_label`` is the Topograph label that names a node's leaf switch.
+    """
+
+    kind: str
+    topology: str = ""
+    node_selector: Selector | None = None
+    block_label: str = ""
+
+
+@dataclass(frozen=True, repr=False)
 class FabricSpec:
-    """A FabricTopology: node positions, the node model and the inter-node fabric."""
+    """A FabricTopology: node positions, the node model and the inter-node fabric.
+
+    ``blocks`` maps nodes to their block (leaf switch group), sorted by node; nodes not
+    listed are in no block. A spec with a ``source`` lists no nodes until
+    ``sources.resolve`` fills them in; ``notes`` are that resolution's problems.
+    """
 
     name: str
     generation: int
@@ -38,6 +57,25 @@ class FabricSpec:
     dims: tuple[int, ...] = ()
     inter_bandwidth: float = NDR_NIC_BANDWIDTH
     inter_alpha: float = 1.7e-6
+    blocks: tuple[tuple[str, str], ...] = ()
+    spine_oversubscription: float = 1.0
+    source: FabricSource | None = None
+    notes: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        # The fields after inter_alpha appear only when set, so a spec without blocks or a
+        # source prints (and so hashes into the operator's status fingerprint) as before.
+        # Notes never do: they describe the input, the fabric is the same with or without.
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "notes" or (f.name in _LATER_FIELDS and value == f.default):
+                continue
+            parts.append(f"{f.name}={value!r}")
+        return f"FabricSpec({', '.join(parts)})"
+
+
+_LATER_FIELDS = frozenset({"blocks", "spine_oversubscription", "source", "notes"})
 
 
 @dataclass(frozen=True)
@@ -93,9 +131,45 @@ class DeviceFailureSpec:
 
 @dataclass(frozen=True)
 class NodeInfo:
+    """A Node: readiness, GPU capacity and its labels (sorted pairs; ``node_info`` shares
+    one pair object between the nodes that carry it, so 1000 nodes with the same zone,
+    GPU product or block label hold pointers, not copies)."""
+
     name: str
     ready: bool
     gpus: int
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+
+@dataclass(frozen=True)
+class KueueTopology:
+    """A Kueue Topology (kueue.x-k8s.io): its level labels, highest level first."""
+
+    name: str
+    levels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HyperNodeMember:
+    """One ``spec.members[]`` entry of a Volcano HyperNode; one of the three selectors."""
+
+    type: str
+    exact: str | None = None
+    regex: str | None = None
+    labels: Selector | None = None
+
+
+@dataclass(frozen=True)
+class HyperNode:
+    """A Volcano HyperNode (topology.volcano.sh): tier (1 = lowest; None if unreadable)."""
+
+    name: str
+    tier: int | None
+    members: tuple[HyperNodeMember, ...]
 
 
 @dataclass(frozen=True)
@@ -213,12 +287,36 @@ def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+TOPOGRAPH_BLOCK = "network.topology.nvidia.com/block"
+
+
+def fabric_source(doc: Body | None) -> FabricSource | None:
+    """``spec.source``: the first of topograph, kueue, volcano it sets (the CRD allows one)."""
+    if not doc:
+        return None
+    selector: Selector | None = _selector(doc.get("nodeSelector") or {})
+    if selector is not None and not selector.labels and not selector.expressions:
+        selector = None  # no nodeSelector: every node the source names
+    if doc.get("topograph") is not None:
+        topograph = doc.get("topograph") or {}
+        return FabricSource("topograph", node_selector=selector,
+                            block_label=str(topograph.get("blockLabel") or TOPOGRAPH_BLOCK))
+    if doc.get("kueue") is not None:
+        return FabricSource("kueue", topology=str((doc.get("kueue") or {}).get("topology", "")),
+                            node_selector=selector)
+    if doc.get("volcano") is not None:
+        return FabricSource("volcano", node_selector=selector)
+    return None
+
+
 def fabric_spec(body: Body) -> FabricSpec:
     spec = body.get("spec") or {}
     intra = spec.get("intraNode") or {}
     inter = spec.get("interNode") or {}
     nodes = tuple(sorted(((str(n["name"]), int(n["position"])) for n in spec.get("nodes") or []),
                          key=lambda x: (x[1], x[0])))
+    blocks = tuple(sorted((str(n["name"]), str(n["block"])) for n in spec.get("nodes") or []
+                          if n.get("block")))
     return FabricSpec(
         name=body["metadata"]["name"],
         generation=int(body["metadata"].get("generation") or 0),
@@ -232,6 +330,9 @@ def fabric_spec(body: Body) -> FabricSpec:
         dims=tuple(int(d) for d in inter.get("dims") or ()),
         inter_bandwidth=float(inter.get("bandwidthBytesPerSecond", NDR_NIC_BANDWIDTH)),
         inter_alpha=float(inter.get("alphaSeconds", 1.7e-6)),
+        blocks=blocks,
+        spine_oversubscription=float(inter.get("spineOversubscription", 1.0)),
+        source=fabric_source(spec.get("source")),
     )
 
 
@@ -266,7 +367,23 @@ def device_failure_spec(body: Body) -> DeviceFailureSpec:
         resolved=bool(spec.get("resolved", False)), reason=str(spec.get("reason", "")))
 
 
+_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
+_MAX_PAIRS = 200_000  # distinct label pairs shared before the table starts over
+
+
+def _shared(pair: tuple[str, str]) -> tuple[str, str]:
+    """One object per distinct label pair across every NodeInfo."""
+    found = _PAIRS.get(pair)
+    if found is None:
+        if len(_PAIRS) >= _MAX_PAIRS:
+            _PAIRS.clear()
+        found = _PAIRS[pair] = pair
+    return found
+
+
 def node_info(body: Body) -> NodeInfo:
+    """Readiness, GPU capacity and every label: a FabricTopology source's nodeSelector, a
+    Kueue level or a Volcano labelMatch may name any label, so none can be left out."""
     conditions = (body.get("status") or {}).get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     capacity = (body.get("status") or {}).get("capacity") or {}
@@ -274,7 +391,33 @@ def node_info(body: Body) -> NodeInfo:
         gpus = int(capacity.get(GPU_RESOURCE, 0))
     except ValueError:
         gpus = 0
-    return NodeInfo(body["metadata"]["name"], ready, gpus)
+    labels = (body["metadata"].get("labels") or {}).items()
+    return NodeInfo(body["metadata"]["name"], ready, gpus,
+                    tuple(sorted(_shared((str(k), str(v))) for k, v in labels)))
+
+
+def kueue_topology(body: Body) -> KueueTopology:
+    levels = (body.get("spec") or {}).get("levels") or []
+    return KueueTopology(str(body["metadata"]["name"]),
+                         tuple(str(lv.get("nodeLabel", "")) for lv in levels))
+
+
+def hyper_node(body: Body) -> HyperNode:
+    spec = body.get("spec") or {}
+    try:
+        tier: int | None = int(spec.get("tier", ""))
+    except (TypeError, ValueError):
+        tier = None
+    members = []
+    for m in spec.get("members") or []:
+        sel = m.get("selector") or {}
+        exact, regex, labels = sel.get("exactMatch"), sel.get("regexMatch"), sel.get("labelMatch")
+        members.append(HyperNodeMember(
+            type=str(m.get("type", "")),
+            exact=None if exact is None else str(exact.get("name", "")),
+            regex=None if regex is None else str(regex.get("pattern", "")),
+            labels=None if labels is None else _selector(labels)))
+    return HyperNode(str(body["metadata"]["name"]), tier, tuple(members))
 
 
 def _selector(doc: Body) -> Selector:

@@ -708,6 +708,8 @@ class Reconciler:
 
     async def _fabric_status(self, inputs: Inputs, fabric: Fabric, notes: list[str]) -> None:
         spec = sorted(inputs.fabrics, key=lambda f: f.name)[0]
+        for gone in set(self.fabric_status) - {f.name for f in inputs.fabrics}:
+            del self.fabric_status[gone]  # one recreated under the same name gets its status
         problems = list(fabric.notes) + notes
         topo = fabric.topology
         doc = {"observedGeneration": spec.generation, "nodes": len(fabric.node_gpus),

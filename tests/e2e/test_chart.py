@@ -107,7 +107,7 @@ def labelled_nodes(inst: Installed) -> set[str]:
 
 def test_every_workload_ready(installed: Installed) -> None:
     counts = ready_counts(installed)
-    assert counts == {f"{PREFIX}-operator": (1, 1), f"{PREFIX}-synthesizer": (2, 2),
+    assert counts == {f"{PREFIX}-operator": (2, 2), f"{PREFIX}-synthesizer": (2, 2),
                       f"{PREFIX}-agent": (len(labelled_nodes(installed)),) * 2}
 
 
