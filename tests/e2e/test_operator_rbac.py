@@ -84,10 +84,12 @@ def test_operator_works_with_its_own_service_account(
         def ready() -> dict[str, object] | None:
             status = cluster.client.get(f"{GROUP}/namespaces/{ns}/collectivejobs/rb").get(
                 "status") or {}
-            return status if status.get("phase") == "Ready" else None
+            # the pods arrive one by one: a schedule for the first alone may come first
+            return status if status.get("phase") == "Ready" and status.get("ranks") == 16 \
+                else None
 
         try:
-            status = cluster.wait_for(ready, "the job to be Ready", timeout=90)
+            status = cluster.wait_for(ready, "the job to be Ready on both pods", timeout=90)
         except Exception as err:
             raise AssertionError(f"{err}\n{T.tail(operator.log)}") from None
         assert status["ranks"] == 16
