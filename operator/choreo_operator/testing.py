@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -135,3 +136,22 @@ def metric(text: str, name: str, **labels: str) -> float | None:
         if all(f'{k}="{v}"' in head for k, v in labels.items()):
             return float(value)
     return None
+
+
+def rail_fabric(name: str, nodes: Sequence[str], rails: int = 1) -> dict[str, Any]:
+    """A FabricTopology of DGX-H100 ``nodes`` in rank order on ``rails`` rails."""
+    return {"apiVersion": "choreo.dev/v1alpha1", "kind": "FabricTopology",
+            "metadata": {"name": name},
+            "spec": {"nodes": [{"name": n, "position": i} for i, n in enumerate(nodes)],
+                     "intraNode": {"preset": "dgx-h100"},
+                     "interNode": {"type": "rail", "rails": rails}}}
+
+
+def tenant_pod(name: str, node: str, tenant: str, rank: int, gpus: int = 8) -> dict[str, Any]:
+    """A training pod of ``tenant`` on ``node``, holding ``gpus`` GPUs as indexed rank ``rank``."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {
+                "tenant": tenant, "batch.kubernetes.io/job-completion-index": str(rank)}},
+            "spec": {"nodeName": node, "containers": [{
+                "name": "train", "image": "trainer:latest",
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}

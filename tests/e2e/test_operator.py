@@ -106,11 +106,7 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     cluster.apply(T.webhook_manifest(WEBHOOK))
     nodes = cluster.add_nodes(2, gpus=8, prefix="op")
     ns = cluster.create_namespace("op")
-    cluster.apply({"apiVersion": "choreo.dev/v1alpha1", "kind": "FabricTopology",
-                   "metadata": {"name": "e2e"},
-                   "spec": {"nodes": [{"name": n, "position": i} for i, n in enumerate(nodes)],
-                            "intraNode": {"preset": "dgx-h100"},
-                            "interNode": {"type": "rail", "rails": 1}}})
+    cluster.apply(T.rail_fabric("e2e", nodes))
     synth, synth_port = T.start_synthesizer(logs / "synth.log")
     st = Stack(cluster, logs, synth, synth_port, synth, T.OperatorPorts(T.free_port(),
                                                                         T.free_port()), ns, nodes)

@@ -89,24 +89,15 @@ def ha(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
     nodes = cluster.add_nodes(2, gpus=8, prefix="ha")
     ns = cluster.create_namespace("ha")
-    cluster.apply({"apiVersion": "choreo.dev/v1alpha1", "kind": "FabricTopology",
-                   "metadata": {"name": "ha"},
-                   "spec": {"nodes": [{"name": n, "position": i} for i, n in enumerate(nodes)],
-                            "intraNode": {"preset": "dgx-h100"},
-                            "interNode": {"type": "rail", "rails": 1}}})
+    cluster.apply(T.rail_fabric("ha", nodes))
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps({
         "apiVersion": "choreo.dev/v1alpha1", "kind": "CollectiveJob", "metadata": {"name": "ha"},
         "spec": {"selector": {"matchLabels": {"tenant": "ha"}},
                  "collectives": [{"name": "grads", "collective": "allreduce",
                                   "minBytes": 1 << 20, "maxBytes": 1 << 26}]}}))
     for rank, node in enumerate(nodes):
-        cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"ha-{rank}", "labels": {
-                "tenant": "ha", "batch.kubernetes.io/job-completion-index": str(rank)}},
-            "spec": {"nodeName": node, "containers": [{
-                "name": "train", "image": "trainer:latest",
-                "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}))
+        cluster.kubectl("apply", "-n", ns, "-f", "-",
+                        stdin=json.dumps(T.tenant_pod(f"ha-{rank}", node, "ha", rank)))
     synth, port = T.start_synthesizer(logs / "synth.log")
     state = HA(cluster, logs, f"127.0.0.1:{port}", ns, nodes, {})
     try:
