@@ -3,7 +3,7 @@
 Starts the control plane, ``choreo serve`` and the operator (all stopped by PID at the end),
 creates 1000 fake 8-GPU nodes in one rail-optimized FabricTopology and 50 tenants (one of
 64 GPUs, one of 1024 GPUs, 48 of 144), then measures (``--nodes 5000 --tenants 200
---topograph``: the scale-out case, nodes in Topograph leaf blocks):
+--topograph``: the scale-out case, the fabric from Topograph labels):
 - DeviceFailure created -> new ConfigMap written (the tenant's status names it), p50 over
   repetitions, for the 64-GPU and the 1024-GPU tenant;
 - the operator's resident memory with all of that indexed and scheduled;
@@ -145,7 +145,6 @@ class Bench:
 
 
 BLOCK_LABEL = "network.topology.nvidia.com/block"
-BLOCK_NODES = 32  # nodes per leaf group when the fabric comes from Topograph labels
 
 
 def run(nodes: int, tenants: int, reps: int, keep: Path | None,
@@ -167,12 +166,10 @@ def run(nodes: int, tenants: int, reps: int, keep: Path | None,
             lc.kubectl("apply", "-f", str(crd))
         lc.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
         console.print(f"creating {nodes} fake nodes ...")
-        if topograph:  # labelled as NVIDIA Topograph does; the FabricTopology lists nothing
-            names = []
-            for k in range(0, nodes, BLOCK_NODES):
-                names += lc.add_nodes(min(BLOCK_NODES, nodes - k), gpus=8,
-                                      prefix=f"b{k // BLOCK_NODES:04d}",
-                                      labels={BLOCK_LABEL: f"block{k // BLOCK_NODES:04d}"})
+        if topograph:
+            # Labelled as NVIDIA Topograph does, all under one leaf per rail: the same fabric
+            # as the listed one, but the FabricTopology lists nothing (it holds 4096 nodes).
+            names = lc.add_nodes(nodes, gpus=8, prefix="b", labels={BLOCK_LABEL: "pod0"})
             where: dict[str, Any] = {"source": {"topograph": {}}}
         else:
             names = lc.add_nodes(nodes, gpus=8, prefix="b")
@@ -252,8 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5, help="repetitions of the latency runs")
     p.add_argument("--keep", type=Path, help="work directory to keep (logs, state)")
     p.add_argument("--topograph", action="store_true",
-                   help="label nodes with Topograph leaf blocks (32 nodes each) and take the "
-                   "fabric from them instead of listing its nodes (needed above 4096 nodes)")
+                   help="label the nodes as Topograph does (one leaf per rail) and take the "
+                   "fabric from the labels instead of listing its nodes (needed above 4096)")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_once)  # run the cleanup on SIGTERM
     if args.nodes < 136 + args.tenants - 2:

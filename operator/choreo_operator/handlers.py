@@ -190,6 +190,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         await rt.reconciler.stop()
         rt.reconciler = rt.new_reconciler()
         metrics.LEADER.set(0)
+        metrics.forget_tenants()
 
     rt.election_task = asyncio.create_task(rt.elector.run(lead, step_down),
                                            name="choreo-election")

@@ -57,3 +57,9 @@ def forget_tenant(namespace: str, job: str, collectives: list[str]) -> None:
         for runs in (RUNS_CHOREO, RUNS_NCCL):
             with contextlib.suppress(KeyError):
                 RANGES.remove(namespace, job, c, runs)
+
+
+def forget_tenants() -> None:
+    """Drop every per-tenant series: a replica that stops leading no longer speaks for them."""
+    for gauge in (BUSBW, BOUND, VS_NCCL, RANGES):
+        gauge.clear()
