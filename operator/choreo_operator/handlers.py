@@ -67,6 +67,8 @@ class Runtime:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.api = LazyApi()
+        # Lease renewals on their own connections: never queued behind bulk ConfigMap writes.
+        self.lease_api = LazyApi()
         self.indices: Any = None
         self.seen: dict[tuple[str, str], int] = {}
         self.synth = SynthesizerClient(
@@ -77,6 +79,7 @@ class Runtime:
         self.webhook_task: asyncio.Task[None] | None = None
         self.elector: Elector | None = None
         self.election_task: asyncio.Task[None] | None = None
+        self.stepped_down_at: int | None = None  # the Lease's transitions when this stopped
         self.webhook_ca = b""
         self.sources = sources.Resolver()
 
@@ -140,9 +143,10 @@ def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
         info = kopf.login_with_kubeconfig(**kwargs)
     else:
         info = kopf.login_with_service_account(**kwargs)
-    if info is not None and rt.api.kube is None:
-        rt.api.kube = Kube(info)
-        rt.api.ready.set()
+    for lazy in (rt.api, rt.lease_api):
+        if info is not None and lazy.kube is None:
+            lazy.kube = Kube(info)
+            lazy.ready.set()
     return info
 
 
@@ -176,19 +180,25 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     if not cfg.leader_election:
         await _lead(rt)
         return
-    rt.elector = Elector(rt.api, Election(cfg.lease_namespace, cfg.lease_name, cfg.identity))
+    rt.elector = Elector(rt.lease_api,
+                         Election(cfg.lease_namespace, cfg.lease_name, cfg.identity))
     metrics.LEADER.set(0)
 
     async def lead() -> None:
+        assert rt.elector is not None
+        if rt.elector.transitions != rt.stepped_down_at:
+            # Another replica led meanwhile: what this one knew may be stale, so it starts
+            # over from the jobs' statuses. Otherwise (renewals only stalled) it goes on.
+            rt.reconciler = rt.new_reconciler()
         await _lead(rt)
 
     async def step_down() -> None:
-        # Stop writing at once; whatever this replica knew may be stale by the time it leads
-        # again, so it starts over from the jobs' statuses then.
+        # Stop writing at once (in-flight syntheses are dropped and redone when leading).
+        assert rt.elector is not None
+        rt.stepped_down_at = rt.elector.transitions
         if rt.task is not None:
             rt.task.cancel()
         await rt.reconciler.stop()
-        rt.reconciler = rt.new_reconciler()
         metrics.LEADER.set(0)
         metrics.forget_tenants()
 
@@ -236,8 +246,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if rt.elector is not None and rt.elector.leading:
         await rt.elector.release()  # nothing is written after this: a standby may lead now
     await rt.synth.close()
-    if rt.api.kube is not None:
-        await rt.api.kube.close()
+    for lazy in (rt.api, rt.lease_api):
+        if lazy.kube is not None:
+            await lazy.kube.close()
 
 
 # ---- indexes ---------------------------------------------------------------------------------

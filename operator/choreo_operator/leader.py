@@ -59,6 +59,7 @@ class Elector:
         self.election = election
         self.leading = False
         self.holder = ""  # the Lease's holder as last read
+        self.transitions = 0  # the Lease's leaseTransitions as last written by this replica
         self._seen: tuple[str, float] | None = None  # (resourceVersion, when first seen)
 
     def _spec(self, transitions: int, acquired: str | None = None) -> dict[str, Any]:
@@ -106,6 +107,7 @@ class Elector:
             if err.status == 409:  # someone else wrote first: read again next time
                 return False
             raise
+        self.transitions = transitions
         if holder != e.identity:
             log.info("took the Lease %s/%s from %r", e.namespace, e.name, holder or "nobody")
         return True

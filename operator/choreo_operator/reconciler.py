@@ -171,7 +171,9 @@ class Reconciler:
         self.debouncer.poke(reason)
 
     async def run(self) -> None:
-        """Rounds forever; errors in one round are logged, never fatal."""
+        """Rounds until ``stop``; errors in one round are logged, never fatal. A stopped
+        reconciler may run again (a replica that leads again after a stall)."""
+        self._stopping = False
         while not self._stopping:
             reasons, since = await self.debouncer.wait()
             try:
@@ -190,6 +192,7 @@ class Reconciler:
         for flight in list(self.flights.values()):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await flight.task
+        self.flights.clear()  # run again, a group's cancelled flight is started anew
 
     # ---- one round ---------------------------------------------------------------------------
     def fabric(self, inputs: Inputs) -> tuple[Fabric | None, list[str]]:

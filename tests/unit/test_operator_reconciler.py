@@ -310,3 +310,38 @@ def test_a_status_write_lost_to_an_api_restart_keeps_the_schedule_it_names(
         assert first not in api.configmaps()  # collected once nothing names it
 
     asyncio.run(main())
+
+
+def test_a_stopped_reconciler_runs_again_and_redoes_what_was_cut_short() -> None:
+    class SlowSynth(FakeSynth):
+        started = 0
+
+        async def synthesize(self, request: Any, timeout: float) -> Any:
+            self.started += 1
+            await asyncio.sleep(0.2)
+            return await super().synthesize(request, timeout)
+
+    api, synth = FakeApi(), SlowSynth()
+    rec = Reconciler(lambda: _inputs([]), api, synth,
+                     Settings(quiet_seconds=0.01, backoff_initial_seconds=0.01,
+                              backoff_max_seconds=0.02))
+
+    async def main() -> None:
+        task = asyncio.create_task(rec.run())
+        rec.poke("job")
+        await asyncio.sleep(0.1)  # the synthesis is in flight
+        task.cancel()
+        await rec.stop()
+        assert not rec.flights and api.status("a").get("phase") != "Ready"
+        task = asyncio.create_task(rec.run())
+        rec.poke("leader")
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if api.status("a").get("phase") == "Ready":
+                break
+        task.cancel()
+        await rec.stop()
+
+    asyncio.run(main())
+    # the call cut short by stop() was made again, and that one finished
+    assert api.status("a")["phase"] == "Ready" and synth.started == 2 and len(synth.calls) == 1
