@@ -35,9 +35,12 @@ def test_uncached_requests_spread_over_every_replica(
     ports = [r.server.metrics_port for r in replicas]
     with open_channel(_target([r.server.port for r in replicas])) as channel:
         client = Client(channel)
-        client.synthesize(quick_request("warm"), timeout=60)  # connect to every replica
-        time.sleep(0.5)
+        for i in range(30):  # until every replica is connected and SERVING to the channel
+            client.synthesize(quick_request(f"warm{i}", seed=500 + i), timeout=60)
+            if min(_misses(p) for p in ports) >= 1:
+                break
         before = [_misses(p) for p in ports]
+        assert min(before) >= 1, before
         for i in range(12):
             client.synthesize(quick_request(f"t{i}", seed=i), timeout=60)
     got = [_misses(p) - b for p, b in zip(ports, before, strict=True)]
@@ -52,8 +55,10 @@ def test_a_replica_killed_mid_call_costs_no_failed_request(
         wait_serving(r.address)
     with open_channel(_target([r.port for r in replicas])) as channel:
         client = Client(channel)
-        for i in range(3):  # every replica READY before the real calls
+        for i in range(30):  # every replica READY to the channel before the real calls
             client.synthesize(quick_request(f"warm{i}", seed=100 + i), timeout=60)
+            if min(_misses(r.metrics_port) for r in replicas) >= 1:
+                break
         before = sum(_misses(r.metrics_port) for r in replicas[1:])
         calls = [client.future(quick_request(f"t{i}", topology="torus-8x8x4", seed=i),
                                timeout=120) for i in range(3)]
