@@ -34,6 +34,7 @@ class Router:
         # source NPU, so the inner loop should touch nothing else.
         self.adj = [[(i, fabric.links[i].dst, cost[i]) for i in fabric.out_links(v)
                      if fabric.usable(i)] for v in range(fabric.num_nodes)]
+        self._arrays: tuple[np.ndarray, ...] | None = None
 
     def search(self, src: int, targets: set[int]) -> tuple[list[int], list[int]]:
         """Predecessor links from ``src`` and the nodes in the order they were settled
@@ -63,23 +64,55 @@ class Router:
 
     def paths(self, a: int, targets: Iterable[int]) -> dict[int, tuple[int, ...]]:
         """Fabric link ids from NPU ``a`` to each target NPU."""
-        want = set(targets)
-        pred, _ = self.search(a, want)
-        out: dict[int, tuple[int, ...]] = {}
-        for b in want:
-            hops: list[int] = []
-            v = b
-            while v != a:
-                i = pred[v]
-                if i < 0:
-                    raise InputError(
-                        f"{self.fabric.name}: no usable path from {self.fabric.node_name(a)} "
-                        f"to {self.fabric.node_name(b)}"
-                    )
-                hops.append(i)
-                v = self.fabric.links[i].src
-            out[b] = tuple(reversed(hops))
-        return out
+        return {b: path for (_, b), path in self.paths_from({a: list(targets)}).items()}
+
+    def paths_from(self, targets: dict[int, list[int]]) -> dict[tuple[int, int], tuple[int, ...]]:
+        """Fabric link ids of every (source, target) pair: the same search as ``search``, in
+        the compiled engine (one search per source; thousands at 16K GPUs)."""
+        import choreo_engine
+
+        sources = list(targets)
+        lists = [list(dict.fromkeys(targets[a])) for a in sources]
+        ptr = np.zeros(len(sources) + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum([len(bs) for bs in lists])
+        flat = np.fromiter((b for bs in lists for b in bs), dtype=np.int64, count=int(ptr[-1]))
+        try:
+            path_ptr, path_links = choreo_engine.shortest_paths(
+                *self._csr(), np.asarray(sources, dtype=np.int64), ptr, flat)
+        except ValueError:
+            self._explain_unreachable(targets)
+            raise
+        hops = path_links.tolist()
+        bounds = path_ptr.tolist()
+        pairs = ((a, b) for a, bs in zip(sources, lists, strict=True) for b in bs)
+        return {pair: tuple(hops[bounds[k]:bounds[k + 1]]) for k, pair in enumerate(pairs)}
+
+    def _csr(self) -> tuple[np.ndarray, ...]:
+        if self._arrays is None:
+            counts = [len(out) for out in self.adj]
+            ptr = np.zeros(len(self.adj) + 1, dtype=np.int64)
+            ptr[1:] = np.cumsum(counts)
+            rows = [e for out in self.adj for e in out]
+            link = np.array([e[0] for e in rows], dtype=np.int64)
+            head = np.array([e[1] for e in rows], dtype=np.int64)
+            cost = np.array([e[2] for e in rows], dtype=np.float64)
+            src = np.array([lk.src for lk in self.fabric.links], dtype=np.int64)
+            self._arrays = (ptr, link, head, cost, src)
+        return self._arrays
+
+    def _explain_unreachable(self, targets: dict[int, list[int]]) -> None:
+        """Raise the InputError naming the first pair without a usable path."""
+        for a, bs in targets.items():
+            pred, _ = self.search(a, set(bs))
+            for b in bs:
+                v = b
+                while v != a:
+                    i = pred[v]
+                    if i < 0:
+                        raise InputError(
+                            f"{self.fabric.name}: no usable path from "
+                            f"{self.fabric.node_name(a)} to {self.fabric.node_name(b)}")
+                    v = self.fabric.links[i].src
 
 
 def route(
@@ -93,7 +126,7 @@ def route(
     targets: dict[int, list[int]] = {}
     for a, b in sorted(set(pairs)):
         targets.setdefault(a, []).append(b)
-    routes = {(a, b): path for a, bs in targets.items() for b, path in router.paths(a, bs).items()}
+    routes = router.paths_from(targets)
     for (a, b), path in sorted(routes.items()):
         if len(path) == 1:
             chosen[(a, b)] = path[0]

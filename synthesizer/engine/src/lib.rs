@@ -4,6 +4,7 @@
 pub mod bitset;
 pub mod greedy;
 pub mod lowering;
+pub mod paths;
 pub mod replay;
 
 #[cfg(feature = "python")]

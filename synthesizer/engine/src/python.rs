@@ -7,6 +7,7 @@ use pyo3::types::PyDict;
 
 use crate::greedy::{synthesize_best, Options, Problem};
 use crate::lowering::{self, LowerError};
+use crate::paths::{self, Graph};
 use crate::replay::{self as sim, Pass};
 
 fn vec<T: numpy::Element + Copy>(a: &PyReadonlyArray1<T>) -> Vec<T> {
@@ -225,11 +226,47 @@ fn replay<'py>(
     Ok((start.into_pyarray(py), end.into_pyarray(py)))
 }
 
+type Ids<'py> = Bound<'py, numpy::PyArray1<i64>>;
+
+/// Cheapest paths (see `paths.rs`): for each source and each of its targets, the fabric
+/// links of the path in order, as (path_ptr, path_links).
+///
+/// Raises ValueError when a target cannot be reached or an index is out of range.
+#[pyfunction]
+#[pyo3(signature = (adj_ptr, adj_link, adj_head, adj_cost, link_src, sources, target_ptr, targets))]
+#[allow(clippy::too_many_arguments)]
+fn shortest_paths<'py>(
+    py: Python<'py>,
+    adj_ptr: PyReadonlyArray1<'py, i64>,
+    adj_link: PyReadonlyArray1<'py, i64>,
+    adj_head: PyReadonlyArray1<'py, i64>,
+    adj_cost: PyReadonlyArray1<'py, f64>,
+    link_src: PyReadonlyArray1<'py, i64>,
+    sources: PyReadonlyArray1<'py, i64>,
+    target_ptr: PyReadonlyArray1<'py, i64>,
+    targets: PyReadonlyArray1<'py, i64>,
+) -> PyResult<(Ids<'py>, Ids<'py>)> {
+    let graph = Graph {
+        adj_ptr: adj_ptr.as_slice()?,
+        adj_link: adj_link.as_slice()?,
+        adj_head: adj_head.as_slice()?,
+        adj_cost: adj_cost.as_slice()?,
+        link_src: link_src.as_slice()?,
+    };
+    let (sources, target_ptr, targets) =
+        (sources.as_slice()?, target_ptr.as_slice()?, targets.as_slice()?);
+    let (ptr, links) = py
+        .detach(|| paths::paths(&graph, sources, target_ptr, targets))
+        .map_err(PyValueError::new_err)?;
+    Ok((ptr.into_pyarray(py), links.into_pyarray(py)))
+}
+
 #[pymodule]
 fn choreo_engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(greedy, m)?)?;
     m.add_function(wrap_pyfunction!(lower_tenant, m)?)?;
     m.add_function(wrap_pyfunction!(replay, m)?)?;
+    m.add_function(wrap_pyfunction!(shortest_paths, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,43 @@
+"""The compiled cheapest-path search gives the same routes as the Python Dijkstra it replaces
+for routing (which ``choreo.nccl.loads`` still uses for its settle order)."""
+
+import random
+
+import pytest
+
+from choreo.errors import InputError
+from choreo.generators import build
+from choreo.routing import Router
+
+
+def _python_path(router: Router, a: int, b: int) -> tuple[int, ...]:
+    pred, _ = router.search(a, {b})
+    hops = []
+    while b != a:
+        hops.append(pred[b])
+        b = router.fabric.links[pred[b]].src
+    return tuple(reversed(hops))
+
+
+@pytest.mark.parametrize("spec", ["dgx-h100-4", "torus-4x4", "dragonfly-4x3", "dgx1",
+                                  "3d-rfs-8", "switch2d-4x4", "dgx2-2"])
+def test_engine_routes_match_the_python_search(spec: str) -> None:
+    fabric = build(spec)
+    router = Router(fabric, 1 << 20)
+    npus = list(fabric.npus)
+    rnd = random.Random(7)
+    targets = {a: rnd.sample(npus, min(5, len(npus))) for a in npus}
+    routes = router.paths_from(targets)
+    assert len(routes) == sum(len(set(bs)) for bs in targets.values())
+    for (a, b), path in routes.items():
+        assert path == _python_path(router, a, b), (a, b)
+        if a != b:
+            assert fabric.links[path[0]].src == a and fabric.links[path[-1]].dst == b
+
+
+def test_an_unreachable_target_names_both_ends() -> None:
+    fabric = build("ring-4")
+    cut = fabric.with_health(frozenset(), [i for i, lk in enumerate(fabric.links)
+                                           if {lk.src, lk.dst} in ({0, 1}, {2, 3})])
+    with pytest.raises(InputError, match="no usable path from"):
+        Router(cut, 1024).paths_from({0: [1, 3], 1: [2]})
