@@ -87,7 +87,7 @@ def baseline_makespan(
     plan = _plan(name, fabric, demand)
     if any(lk.via for lk in fabric.links):  # links that ride on others: the general path
         return simulate(_schedule(name, fabric, demand, plan)).makespan
-    step, src_r, dst_r, chunk, _ = plan.columns()
+    step, src_r, dst_r, chunk, op = plan.columns()
     if not len(step):
         return 0.0
     if paths is None or not paths.serves(fabric, demand):
@@ -100,7 +100,7 @@ def baseline_makespan(
     ptr, links, alpha, bandwidth = paths.circuits(pairs // nodes, pairs % nodes)
     duration = alpha[row] + demand.chunk_bytes / bandwidth[row]
     _, end = replay_exclusive(demand, step, src, dst, chunk, duration, row, ptr, links,
-                              len(fabric.links))
+                              len(fabric.links), op == Op.REDUCE)
     return float(end.max())
 
 

@@ -9,7 +9,8 @@ each transfer really runs. The model (resources as in ``choreo.resources``):
   (and reserves its slice of the port, so a circuit on that port waits for it); a circuit
   holds every physical link on its path;
 * store-and-forward: a transfer waits for the transfers of the same tenant into its source
-  that carry one of its chunks and were planned to end by its planned start.
+  that carry one of its chunks and were planned to end by its planned start; a REDUCE adds to
+  what its destination holds, so it waits for those into its destination as well.
 
 Because every resource predecessor and every dependency is planned to start earlier, one pass
 in planned start order computes all times; a plan that is itself feasible is never delayed.
@@ -24,7 +25,7 @@ import numpy as np
 
 from choreo.collectives import Demand
 from choreo.resources import LinkModel, footprint, link_model, share_of_port
-from choreo.schedule import Schedule
+from choreo.schedule import Op, Schedule
 
 EPS = 1e-12  # same read-after-arrival tolerance as the verifier
 
@@ -71,7 +72,8 @@ def simulate(schedule: Schedule) -> SimResult:
     krow = np.searchsorted(used, s.link)
     dur = durations(s)
     slots = _slots(model, len(s.topology.links), len(s.fabric.links))
-    astart, aend = _replay(s.start, s.end, s.ranged, node_atoms(s), dur, krow, slots)
+    astart, aend = _replay(s.start, s.end, s.ranged, node_atoms(s), dur, krow, slots,
+                           s.op == Op.REDUCE)
 
     tenant_time = np.zeros(nt)
     np.maximum.at(tenant_time, s.tenant, aend)
@@ -221,6 +223,7 @@ def replay_exclusive(
     ptr: np.ndarray,
     links: np.ndarray,
     nlinks: int,
+    reduce: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Actual (start, end) of one tenant's single-chunk sends planned at ``[step, step +
     0.5)``, where a send on row ``r`` holds the links ``links[ptr[r]:ptr[r + 1]]`` (of
@@ -230,7 +233,7 @@ def replay_exclusive(
     atoms = column_atoms([demand.num_chunks], np.zeros(len(start), dtype=np.int64), chunk,
                          src, dst)
     return _replay(start, start + 0.5, False, atoms, duration, row,
-                   Slots.exclusive(ptr, links, nlinks))
+                   Slots.exclusive(ptr, links, nlinks), reduce)
 
 
 def _i64(x: np.ndarray) -> np.ndarray:
@@ -245,6 +248,7 @@ def _replay(
     dur: np.ndarray,
     krow: np.ndarray,
     slots: Slots,
+    reduce: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The one sequential pass over read rows in planned start order (compiled:
     ``choreo_engine.replay``); dependencies are prefix maxima over arrivals sorted by planned
@@ -254,6 +258,11 @@ def _replay(
 
     m = len(start)
     (rt, kr), (wt, kw) = atoms.reads, atoms.writes
+    grouped = ranged
+    if reduce is not None and reduce.any():  # a REDUCE also reads its destination's atoms
+        adds = reduce[wt]
+        rt, kr = np.concatenate([rt, wt[adds]]), np.concatenate([kr, kw[adds]])
+        grouped = True
     thr = start + EPS
     times = np.unique(np.concatenate([end, thr]))
     big = len(times) + 1
@@ -265,7 +274,7 @@ def _replay(
     first = np.searchsorted(cw_sorted, np.arange(atoms.count, dtype=np.int64) * big)
     del cw_sorted, times
     order = np.argsort(start, kind="stable")  # read rows, transfers in planned start order
-    if ranged:
+    if grouped:  # several read rows per transfer: keep each transfer's rows together
         rank = np.empty(m, dtype=np.int64)
         rank[order] = np.arange(m)
         order = np.argsort(rank[rt], kind="stable")
