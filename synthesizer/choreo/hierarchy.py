@@ -19,27 +19,28 @@ simulator, like the fixed baselines, and the result is checked by the verifier a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
-from choreo.routing import timed_plan
+from choreo.msccl.layout import MAX_CNT
+from choreo.routing import route, timed_plan
 from choreo.schedule import Op, Schedule
 from choreo.topology import Topology
 from choreo.transforms import restrict
 
 ENGINE = "rail-hierarchical"
 LARGE_TENANT = 256  # ranks; larger AllReduce tenants on multi-GPU hosts use this plan
-MAX_SLICE_RANKS = 1024  # slices * ranks: bounds the MSCCL program (and its lowering time)
-
-
-def slices_for(size: int, n: int) -> int:
-    """Pipelined slices: overlap helps once transfers are bandwidth-bound, and costs an extra
-    round of latency per slice below that (measured on dgx-h100-16/18, docs/engines.md)."""
-    wanted = 1 if size < 8 << 20 else 2 if size < 64 << 20 else 4
-    return max(1, min(wanted, MAX_SLICE_RANKS // max(n, 1)))
+# MSCCL steps of one host's ranks: a node's file takes about 125 bytes per step, so 7500
+# keep it under one ConfigMap (1 MiB) with room to spare.
+MAX_HOST_STEPS = 7500
+MAX_SLICES = 8
+RAMPS = (2, 3)  # slice growth ratios tried at both ends of the pipeline
+CAPS = (1, 2, 3, 4, 8, 9)  # largest slice weights tried (1: equal slices)
 
 
 def hosts_of(fabric: Topology, ranks: Sequence[int]) -> list[list[tuple[int, int]]] | None:
@@ -68,111 +69,254 @@ def applies(fabric: Topology, demand: Demand, large: int = LARGE_TENANT) -> bool
     return hosts is not None and len(hosts) > 1
 
 
+@dataclass(frozen=True)
+class Hop:
+    """Estimated cost of one send: ``alpha + bytes * beta`` seconds."""
+
+    alpha: float
+    beta: float
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha + nbytes * self.beta
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The plan's structure: ``parts`` slots per host, ``hosts`` owners per part of which
+    ``extra`` beyond a power of two fold in."""
+
+    parts: int
+    hosts: int
+
+    @property
+    def extra(self) -> int:
+        return self.hosts - (1 << (self.hosts.bit_length() - 1))
+
+    @property
+    def levels(self) -> int:
+        return self.hosts.bit_length() - 1
+
+    def rail_fractions(self) -> list[float]:
+        """The share of a part each rail step sends, in step order."""
+        p = self.hosts - self.extra
+        halving = [(1 << lvl) / p for lvl in reversed(range(self.levels))]
+        fold = [1.0] if self.extra else []
+        return fold + halving + halving[::-1] + fold
+
+    def steps_per_host(self, weights: Sequence[int], ranks: int, chunks: int) -> int:
+        """MSCCL steps of one host's ranks for these slices, at most: each send and its
+        receive is a step per ``MAX_CNT`` chunks of its range, plus one (exact on
+        dgx-h100-128; the lowering fuses some where hosts are few)."""
+        steps = 0
+        for w in weights:
+            part = ranks * chunks * w / sum(weights) / self.parts
+            host_sends = 2 * (self.parts - 1)  # reduce-scatter and all-gather
+            steps += host_sends * (math.ceil(part / MAX_CNT) + 1)
+            steps += sum(math.ceil(part * f / MAX_CNT) + 1 for f in self.rail_fractions())
+        return 2 * self.parts * steps
+
+
+@dataclass
+class Timeline:
+    """Estimated start of every slice's phases, and the estimated end of the whole plan."""
+
+    host_rs: list[float]
+    rail: list[float]
+    host_ag: list[float]
+    end: float
+
+
+def timeline(shape: Shape, weights: Sequence[int], part_bytes: float, host: Hop,
+             rail: Hop) -> Timeline:
+    """Two-machine flow shop per GPU: its host port runs each slice's reduce-scatter and
+    all-gather, its rail port the slice's rail steps in slice order; the host port serves a
+    finished rail slice's all-gather first, else the next reduce-scatter."""
+    total = sum(weights)
+    bytes_of = [part_bytes * w / total for w in weights]
+    host_phase = [(shape.parts - 1) * host.time(b) for b in bytes_of]
+    rail_phase = [sum(rail.time(b * f) for f in shape.rail_fractions()) for b in bytes_of]
+    k = len(weights)
+    rs: list[float] = []
+    ag: list[float] = []
+    rail_start: list[float] = []
+    rail_end: list[float] = []
+    t = 0.0
+    while len(ag) < k:
+        ready = rail_end[len(ag)] if len(ag) < len(rail_end) else float("inf")
+        if len(rs) < k and ready > t:
+            j = len(rs)
+            rs.append(t)
+            t += host_phase[j]
+            start = max(t, rail_end[-1] if rail_end else 0.0)
+            rail_start.append(start)
+            rail_end.append(start + rail_phase[j])
+        else:
+            ag.append(max(t, ready))
+            t = ag[-1] + host_phase[len(ag) - 1]
+    return Timeline(rs, rail_start, ag, t)
+
+
+def slicing(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
+            chunks: int = 1, max_steps: int | None = None) -> tuple[int, ...]:
+    """Slice weights with the earliest estimated end: one to ``MAX_SLICES`` slices (within
+    ``max_steps`` MSCCL steps per host, default ``MAX_HOST_STEPS``), equal or growing by a
+    ramp ratio from both ends up to a cap, so the first reduce-scatter and the last
+    all-gather, which nothing overlaps, stay short. ``chunks``: the chunks per piece asked
+    for. The estimate is the simulator's own time where hosts are alike (``timeline``)."""
+    budget = MAX_HOST_STEPS if max_steps is None else max_steps
+    best: tuple[float, tuple[int, ...]] = (float("inf"), (1,))
+    shapes = {tuple(min(ramp ** i, ramp ** (k - 1 - i), cap) for i in range(k))
+              for k in range(1, MAX_SLICES + 1) for ramp in RAMPS for cap in CAPS}
+    for w in sorted(shapes, key=lambda w: (len(w), w)):  # ties go to fewer slices
+        per_piece = sum(w) * -(-chunks // sum(w))
+        if len(w) > 1 and shape.steps_per_host(w, ranks, per_piece) > budget:
+            continue
+        end = timeline(shape, w, part_bytes, host, rail).end
+        if end < best[0] * (1 - 1e-9):
+            best = (end, w)
+    return best[1]
+
+
 class _Sends:
-    """Rank-to-rank sends of chunk ranges, each tagged with its algorithm step."""
+    """Rank-to-rank sends of chunk ranges, each tagged with its estimated start."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, int, int, int, int, int]] = []
+        self.rows: list[tuple[float, int, int, int, int, int]] = []
 
-    def add(self, step: int, src: int, dst: int, lo: int, hi: int, op: Op) -> None:
+    def add(self, at: float, src: int, dst: int, lo: int, hi: int, op: Op) -> None:
         if hi > lo:
-            self.rows.append((step, src, dst, lo, hi - lo, int(op)))
+            self.rows.append((at, src, dst, lo, hi - lo, int(op)))
 
 
-def plan(demand: Demand, hosts: list[list[tuple[int, int]]], slices: int = 1) -> _Sends:
-    """The three phases in rank space (see the module docstring), on ``slices`` consecutive
-    slices of the buffer whose phases overlap: slice j starts one host phase after j - 1, so
-    its reduce-scatter inside hosts runs while j - 1 is on the rails."""
+def owners_of(hosts: list[list[tuple[int, int]]]) -> tuple[list[int], list[list[int]]]:
+    """The slots in use, and per host the rank index holding each slot's part (a host missing
+    a slot hands its part to another of its GPUs)."""
     slots = sorted({s for host in hosts for s, _ in host})
-    index = {s: k for k, s in enumerate(slots)}  # slot -> part
-    owners = []  # owners[h][k]: the rank index holding part k on host h
+    owners = []
     for host in hosts:
         by_slot = dict(host)
         local = [r for _, r in host]
         owners.append([by_slot.get(s, local[k % len(local)]) for k, s in enumerate(slots)])
+    return slots, owners
+
+
+def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[int],
+         host: Hop, rail: Hop) -> _Sends:
+    """The three phases in rank space (see the module docstring) on consecutive slices of
+    the buffer (``weights``: their relative sizes), each send tagged with its start in the
+    flow-shop estimate, so the simulator serves every port in a realistic order."""
+    slots, owners = owners_of(hosts)
+    index = {s: k for k, s in enumerate(slots)}  # slot -> part
+    parts = len(slots)
+    shape = Shape(parts, len(hosts))
+    part_bytes = demand.size / parts
+    est = timeline(shape, weights, part_bytes, host, rail)
     out = _Sends()
-    total, parts = demand.num_chunks, len(slots)
-    for j in range(slices):
-        lo, hi = j * total // slices, (j + 1) * total // slices
+    total, edges = demand.num_chunks, [0]
+    for w in weights:
+        edges.append(edges[-1] + w * total // sum(weights))
+    for j in range(len(weights)):
+        lo, hi = edges[j], edges[j + 1]
         bounds = [lo + k * (hi - lo) // parts for k in range(parts + 1)]
-        _slice(out, j * (parts - 1), hosts, owners, index, bounds)
+        step_host = host.time(part_bytes * weights[j] / sum(weights))
+        for h, members in enumerate(hosts):  # 1: reduce-scatter inside each host
+            for s, r in members:
+                for k in range(parts):
+                    if owners[h][k] != r:
+                        at = est.host_rs[j] + step_host * ((k - index[s] - 1) % parts)
+                        out.add(at, r, owners[h][k], bounds[k], bounds[k + 1], Op.REDUCE)
+        rail_at = [est.rail[j]]
+        for f in shape.rail_fractions():
+            rail_at.append(rail_at[-1] + rail.time(part_bytes * weights[j] / sum(weights) * f))
+        for k in range(parts):  # 2: recursive halving / doubling across hosts, per part
+            _rhd(out, rail_at, [o[k] for o in owners], bounds[k], bounds[k + 1])
+        for h, members in enumerate(hosts):  # 3: all-gather inside each host
+            for s, r in members:
+                for k in range(parts):
+                    if owners[h][k] != r:
+                        at = est.host_ag[j] + step_host * ((index[s] - k - 1) % parts)
+                        out.add(at, owners[h][k], r, bounds[k], bounds[k + 1], Op.COPY)
     return out
 
 
-def _slice(out: _Sends, step: int, hosts: list[list[tuple[int, int]]],
-           owners: list[list[int]], index: dict[int, int], bounds: list[int]) -> None:
-    parts = len(bounds) - 1
-    for h, host in enumerate(hosts):  # 1: reduce-scatter inside each host
-        for s, r in host:
-            for k in range(parts):
-                if owners[h][k] != r:
-                    out.add(step + (k - index[s] - 1) % parts, r, owners[h][k], bounds[k],
-                            bounds[k + 1], Op.REDUCE)
-    step += parts - 1
-    last = step
-    for k in range(parts):  # 2: recursive halving / doubling across hosts, per part
-        last = _rhd(out, step, [o[k] for o in owners], bounds[k], bounds[k + 1])
-    for h, host in enumerate(hosts):  # 3: all-gather inside each host
-        for s, r in host:
-            for k in range(parts):
-                if owners[h][k] != r:
-                    out.add(last + (index[s] - k - 1) % parts, owners[h][k], r, bounds[k],
-                            bounds[k + 1], Op.COPY)
-
-
-def _rhd(out: _Sends, step: int, members: list[int], lo: int, hi: int) -> int:
-    """AllReduce of chunks ``lo..hi-1`` among ``members``; returns the next free step."""
+def _rhd(out: _Sends, at: list[float], members: list[int], lo: int, hi: int) -> None:
+    """AllReduce of chunks ``lo..hi-1`` among ``members``; ``at[i]``: step i's start."""
     m = len(members)
     p = 1 << (m.bit_length() - 1)
     extra = m - p
     levels = p.bit_length() - 1
+    step = iter(at)
 
     def cut(b: int) -> int:
         return lo + b * (hi - lo) // p
 
     if extra:
+        t = next(step)
         for i in range(extra):
-            out.add(step, members[p + i], members[i], lo, hi, Op.REDUCE)
-        step += 1
+            out.add(t, members[p + i], members[i], lo, hi, Op.REDUCE)
     for lvl in reversed(range(levels)):
-        dist = 1 << lvl
+        dist, t = 1 << lvl, next(step)
         for i in range(p):
             first = (i ^ dist) & ~(dist - 1)
-            out.add(step, members[i], members[i ^ dist], cut(first), cut(first + dist),
-                    Op.REDUCE)
-        step += 1
+            out.add(t, members[i], members[i ^ dist], cut(first), cut(first + dist), Op.REDUCE)
     for lvl in range(levels):
-        dist = 1 << lvl
+        dist, t = 1 << lvl, next(step)
         for i in range(p):
             first = i & ~(dist - 1)
-            out.add(step, members[i], members[i ^ dist], cut(first), cut(first + dist), Op.COPY)
-        step += 1
+            out.add(t, members[i], members[i ^ dist], cut(first), cut(first + dist), Op.COPY)
     if extra:
+        t = next(step)
         for i in range(extra):
-            out.add(step, members[i], members[p + i], lo, hi, Op.COPY)
-        step += 1
-    return step
+            out.add(t, members[i], members[p + i], lo, hi, Op.COPY)
+
+
+def hop_costs(fabric: Topology, view: Topology, hosts: list[list[tuple[int, int]]],
+              ranks: Sequence[int], nbytes: float) -> tuple[Hop, Hop]:
+    """The routed cost of a send inside a host and of one along a rail, from the first host
+    with two GPUs and part 0's owners on the first two hosts."""
+    _, owners = owners_of(hosts)
+    inside = next(h for h in hosts if len(h) > 1)
+    pairs = [(ranks[inside[0][1]], ranks[inside[1][1]]),
+             (ranks[owners[0][0]], ranks[owners[1][0]])]
+    topo, chosen = route(view, set(pairs), nbytes)
+    costs = []
+    for pair in pairs:
+        link = topo.links[chosen[pair]]
+        costs.append(Hop(link.alpha, 1.0 / link.bandwidth))
+    return costs[0], costs[1]
 
 
 def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = False) -> Schedule:
     """Every demand's hierarchical AllReduce, routed on ``fabric`` and simulated jointly
-    (tenants that share links delay each other exactly as the simulator says). A demand is
-    cut into ``min(chunks, slices_for(size, n))`` pipelined slices."""
-    demands = tuple(demands)
+    (tenants that share links delay each other exactly as the simulator says). Each demand is
+    cut into the slices ``slicing`` picks; its chunks per piece become the first multiple of
+    the slices' total weight from the chunks asked for, so every slice is whole chunks."""
+    view = restrict(fabric, {r for d in demands for r in d.ranks}, relay)
+    planned: list[Demand] = []
+    sliced: list[list[int]] = []
     cols: list[np.ndarray] = []
     for t, d in enumerate(demands):
         hosts = hosts_of(fabric, d.ranks)
-        if hosts is None or d.collective is not Collective.ALLREDUCE:
+        if hosts is None or d.collective is not Collective.ALLREDUCE or len(hosts) < 2:
             raise InputError(f"tenants[{t}]: the hierarchical plan needs an AllReduce over "
-                             "hosts with host/ names")
-        sends = plan(d, hosts, min(d.chunks, slices_for(d.size, d.n)))
-        rows = np.asarray(sends.rows, dtype=np.int64).reshape(-1, 6)
+                             "several hosts with host/ names")
+        parts = len(owners_of(hosts)[0])
+        host, rail = hop_costs(fabric, view, hosts, d.ranks, d.size / parts)
+        weights = slicing(Shape(parts, len(hosts)), d.size / parts, host, rail, d.n, d.chunks)
+        d = replace(d, chunks=sum(weights) * -(-d.chunks // sum(weights)))
+        planned.append(d)
+        sliced.append(list(weights))
+        sends = plan(d, hosts, weights, host, rail)
+        rows = np.asarray(sends.rows, dtype=np.float64).reshape(-1, 6)
         ranks = np.asarray(d.ranks, dtype=np.int64)
-        rows[:, 1], rows[:, 2] = ranks[rows[:, 1]], ranks[rows[:, 2]]
-        cols.append(np.column_stack([np.full(len(rows), t), rows]))
+        ints = rows[:, 1:].astype(np.int64)
+        ints[:, 0], ints[:, 1] = ranks[ints[:, 0]], ranks[ints[:, 1]]
+        cols.append(np.column_stack([np.full(len(rows), t), rows[:, 0], ints]))
     table = np.concatenate(cols)
-    tenant, step, src, dst, chunk, count, op = table.T
-    view = restrict(fabric, {r for d in demands for r in d.ranks}, relay)
-    part_bytes = max(d.size for d in demands) / 8  # routes are chosen for a part's range
-    return timed_plan(fabric, view, demands, part_bytes, tenant, step, src, dst, chunk, op,
-                      count, engine=ENGINE, meta={"engine": ENGINE})
+    at = table[:, 1]
+    # Steps in order of estimated start (one tenant's estimate cannot order another's).
+    step = np.unique(at, return_inverse=True)[1].astype(np.int64)
+    tenant, src, dst, chunk, count, op = table[:, [0, 2, 3, 4, 5, 6]].T.astype(np.int64)
+    part_bytes = max(d.size for d in planned) / 8  # routes are chosen for a part's range
+    return timed_plan(fabric, view, tuple(planned), part_bytes, tenant, step, src, dst, chunk,
+                      op, count, engine=ENGINE, meta={"engine": ENGINE, "slices": sliced})

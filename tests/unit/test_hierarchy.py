@@ -8,13 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import choreo.hierarchy as hierarchy
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.generators import build
-from choreo.hierarchy import applies, hierarchical, hosts_of, slices_for
+from choreo.hierarchy import Hop, Shape, applies, hierarchical, hosts_of, slicing, timeline
 from choreo.msccl import interpret
 from choreo.msccl.api import to_xml
 from choreo.msccl.layout import MAX_CNT
+from choreo.msccl.split import split_per_node
 from choreo.schedule import Schedule
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, synthesize
@@ -61,13 +63,43 @@ def test_transfers_grow_as_n_log_n_not_n_squared() -> None:
     assert verify(large).ok
 
 
-def test_slices_overlap_the_phases_at_large_sizes() -> None:
-    one = _allreduce("dgx-h100-16", size=256 << 20, chunks=1)
-    four = _allreduce("dgx-h100-16", size=256 << 20, chunks=4)
-    assert verify(four).ok
-    assert four.makespan < 0.8 * one.makespan, (four.makespan, one.makespan)
-    assert slices_for(1 << 20, 128) == 1 and slices_for(256 << 20, 128) == 4
-    assert slices_for(256 << 20, 512) == 2 and slices_for(256 << 20, 1024) == 1  # bounded program
+def test_slices_overlap_the_phases_at_large_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    sliced = _allreduce("dgx-h100-16", size=256 << 20)
+    assert sliced.demands[0].chunks > 1 and verify(sliced).ok
+    monkeypatch.setattr(hierarchy, "slicing", lambda *_a, **_k: (1,))
+    one = _allreduce("dgx-h100-16", size=256 << 20)
+    assert one.demands[0].chunks == 1
+    assert sliced.makespan < 0.8 * one.makespan, (sliced.makespan, one.makespan)
+
+
+def test_slicing_follows_the_estimate_and_the_program_budget() -> None:
+    host, rail = Hop(1.4e-6, 1 / 370e9), Hop(3.4e-6, 1 / 46e9)
+    shape = Shape(parts=8, hosts=128)
+    assert slicing(shape, 1 << 17, host, rail, 1024) == (1,)  # latency-bound: no pipeline
+    big = slicing(shape, 32 << 20, host, rail, 1024)
+    assert len(big) > 1 and big == big[::-1]  # short ends: the fill and drain nothing hides
+    ends = {w: timeline(shape, w, 32 << 20, host, rail).end for w in [(1,), (1, 1), big]}
+    assert ends[big] < ends[(1, 1)] < ends[(1,)]
+    assert shape.steps_per_host(big, 1024, sum(big)) <= hierarchy.MAX_HOST_STEPS
+    assert slicing(shape, 32 << 20, host, rail, 1024, max_steps=1000) == (1,)
+
+
+def test_the_step_estimate_bounds_the_lowered_program() -> None:
+    s = _allreduce("dgx-h100-4", size=256 << 20)
+    d, weights = s.demands[0], tuple(s.meta["slices"][0])
+    assert len(weights) > 1 and d.chunks == sum(weights)
+    files = split_per_node(to_xml(s, 0), [s.fabric.names[r].split("/")[0] for r in d.ranks])
+    steps = [len(re.findall(r"<step ", text)) for text in files.values()]
+    assert max(steps) <= Shape(parts=8, hosts=4).steps_per_host(weights, d.n, d.chunks)
+
+
+def test_the_estimate_orders_the_phases_of_every_slice() -> None:
+    est = timeline(Shape(8, 16), (1, 2, 2, 1), 32 << 20, Hop(1e-6, 1 / 370e9),
+                   Hop(3e-6, 1 / 46e9))
+    for j in range(4):
+        assert est.host_rs[j] < est.rail[j] < est.host_ag[j] < est.end
+        if j:
+            assert est.rail[j] > est.rail[j - 1] and est.host_rs[j] > est.host_rs[j - 1]
 
 
 def test_simulated_times_match_the_schedule() -> None:

@@ -24,7 +24,7 @@ import grpc
 
 from choreo.collectives import Demand
 from choreo.errors import InfeasibleError, InputError
-from choreo.hierarchy import applies, slices_for
+from choreo.hierarchy import applies
 from choreo.msccl.buckets import BucketFile, plan_files
 from choreo.msccl.layout import max_buckets
 from choreo.nccl.compare import versus_nccl
@@ -173,7 +173,7 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
                 s = solved[(i, j)][f.bucket]
                 predictions, verification = judged[s.round]
                 common = dict(min_bytes=s.bucket.lo, representative_bytes=s.bucket.size,
-                              chunks=s.bucket.chunks,
+                              chunks=s.schedule.demands[s.member].chunks,
                               prediction=pb.Prediction(**predictions[s.member]),
                               verification=pb.Verification(**verification),
                               engine=s.schedule.engine)
@@ -305,7 +305,7 @@ def _chunker(work: Work, t: TenantSpec, j: int) -> Callable[[int], int]:
         fixed = c.chunks
         return lambda _size: fixed
     if _hierarchical(work, t, j):
-        return lambda size: slices_for(size, len(t.npus))
+        return lambda _size: 1  # the plan cuts its own slices (choreo.hierarchy.slicing)
     return lambda size: auto_chunks(work.fabric, c.collective, size, len(t.npus))
 
 
