@@ -48,6 +48,7 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-logo
 	cargo clippy --quiet --release --all-targets --manifest-path synthesizer/engine/Cargo.toml -- -D warnings
 
 # Every benchmark table (measured | target | reference | ok). Each exits non-zero on a missed
@@ -60,7 +61,7 @@ bench: setup cluster-binaries
 	-$(BIN)/python -m choreo.service.spread_bench
 	-$(BIN)/python -m choreo_agents.bench
 	-$(BIN)/choreo-dev bench
-	-$(BIN)/python -m choreo_operator.bench
+	-$(BIN)/python -m choreo_dev.operator_bench
 
 # The whole product on a local cluster: chart, operator, agents, faults, Prometheus, plots.
 demo: setup cluster-binaries

@@ -20,12 +20,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from choreo.dashboard import promql
-from choreo.dashboard.render import render
 from choreo_dev import demo_env as E
 from choreo_dev import demo_plots as P
 from choreo_dev import demo_tenants as D
 from choreo_dev import schedules
+from choreo_dev.dashboard import promql
+from choreo_dev.dashboard.render import render
 from choreo_dev.errors import DevClusterError
 from choreo_dev.kube import ApiError, wait_for
 from choreo_dev.observe import GROUP, expected

@@ -1,7 +1,9 @@
-"""The ``choreo`` command: synthesize, simulate, verify, list topologies, benchmark.
+"""The ``choreo`` command: synthesize, simulate, verify, list topologies.
 
-Errors a user can fix are printed as one ``error: ...`` line naming the field and exit 2;
-nothing is written unless the whole result is ready.
+The layers above the core (service, operator, agents, dev tooling) add their own commands
+through ``choreo.commands`` entry points, so the core never imports them. Errors a user can
+fix are printed as one ``error: ...`` line naming the field and exit 2; nothing is written
+unless the whole result is ready.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from rich.console import Console
@@ -27,13 +30,14 @@ from choreo.msccl import cli as msccl_cli
 from choreo.nccl.compare import Versus, versus_nccl
 from choreo.report import NCCL, Evaluation, TenantResult, evaluate
 from choreo.schedule import Schedule
-from choreo.service import cli as service_cli
 from choreo.topology import Topology
-from choreo_agents import cli as agent_cli
-from choreo_operator import cli as operator_cli
 
 console = Console(highlight=False, soft_wrap=True)
 status_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# Entry-point group of the commands other packages add, each a ``register(subparsers)``
+# called in name order.
+COMMANDS = "choreo.commands"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,18 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--no-baselines", action="store_true")
     m.set_defaults(func=cmd_simulate)
 
-    b = sub.add_parser("bench", help="synthesis time and quality benchmark table")
-    b.add_argument("--quick", action="store_true", help="small instances only (about a minute)")
-    b.add_argument("--only", help="run only benchmarks whose name contains this text; "
-                   "`--only cli` times whole default CLI runs at 1024 NPUs (only when named)")
-    b.add_argument("--json", help="also write the rows to this file")
-    b.add_argument("--calibration", action="store_true",
-                   help="only the NCCL model against published nccl-tests measurements")
-    b.set_defaults(func=cmd_bench)
     msccl_cli.register(sub)
-    agent_cli.register(sub)
-    operator_cli.register(sub)
-    service_cli.register(sub)
+    for command in sorted(entry_points(group=COMMANDS), key=lambda ep: ep.name):
+        command.load()(sub)
     return p
 
 
@@ -149,8 +144,6 @@ def build_demands(args: argparse.Namespace, fabric: Topology) -> tuple[list[Dema
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
-    if getattr(args, "remote", None):
-        return service_cli.remote_synthesize(args)
     from choreo.synth import SynthOptions, synthesize
 
     if args.restarts < 1:
@@ -345,13 +338,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     ev = evaluate(sched, baselines=not args.no_baselines)
     print_evaluation(ev)
     return 0 if ev.verdict.ok else 1
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from choreo.bench import run_bench
-
-    return run_bench(quick=args.quick, only=args.only, json_path=args.json, console=console,
-                     calibration=args.calibration)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from choreo import msccl
+from choreo_dev import operator_testing as T
 from choreo_dev.kube import ApiError
 from choreo_dev.testing import LocalCluster
-from choreo_operator import testing as T
 
 pytestmark = pytest.mark.e2e
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from choreo_dev import operator_testing as T
 from choreo_dev.errors import DevClusterError
 from choreo_dev.testing import LocalCluster
-from choreo_operator import testing as T
 
 pytestmark = pytest.mark.e2e
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from choreo_dev import operator_testing as T
 from choreo_dev.kube import ApiError, KubeClient
 from choreo_dev.testing import LocalCluster
-from choreo_operator import testing as T
 
 pytestmark = pytest.mark.e2e
 

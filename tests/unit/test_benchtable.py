@@ -23,7 +23,7 @@ def test_table_shows_each_verdict_and_escapes_markup():
 
 
 def test_cli_group_runs_only_when_named(monkeypatch):
-    from choreo import bench
+    from choreo_dev import synth_bench as bench
 
     ran: list[str] = []
     for name in ("_scale_rows", "_growth_rows", "_quality_rows", "_table_v_rows", "_cli_rows"):
@@ -37,7 +37,7 @@ def test_cli_group_runs_only_when_named(monkeypatch):
 
 
 def test_cli_run_reports_its_own_exit_code_time_and_peak_memory():
-    from choreo.bench import run_cli
+    from choreo_dev.synth_bench import run_cli
 
     rc, seconds, peak, err = run_cli(["-t", "ring-4", "-s", "4KiB", "--restarts", "1"])
     assert rc == 0, err

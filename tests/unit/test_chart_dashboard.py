@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from choreo.dashboard import promql
 from choreo.errors import InputError
+from choreo_dev.dashboard import promql
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts/choreo/dashboards/choreo.json"

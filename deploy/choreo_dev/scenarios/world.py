@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from choreo_dev import build, fabric, nodes
+from choreo_dev import operator_testing as op_testing
 from choreo_dev.cluster import Cluster, ClusterInfo
 from choreo_dev.kube import ApiError, KubeClient, run_kubectl, wait_for
 from choreo_dev.observe import GROUP
@@ -31,7 +32,6 @@ from choreo_dev.stack import (
     synthesizer_argv,
 )
 from choreo_dev.versions import CONTROL_PLANE
-from choreo_operator import testing as op_testing
 
 NEEDED = (*CONTROL_PLANE, "kubectl")
 

@@ -25,7 +25,8 @@ console = Console(stderr=False, highlight=False)
 
 
 def register(sub: Any) -> None:
-    """Add ``serve`` to ``sub`` and the remote flags to its ``synthesize`` command."""
+    """Add ``serve`` to ``sub``, and to its ``synthesize`` command the remote flags and the
+    dispatch of ``--remote`` to the service (a ``choreo.commands`` entry point)."""
     p = sub.add_parser("serve", help="run the gRPC synthesizer service")
     p.add_argument("--host", default="[::]", help="address to listen on (default all)")
     p.add_argument("--port", type=int, default=50051)
@@ -63,6 +64,8 @@ def register(sub: Any) -> None:
                        help="seconds before the call gives up (DEADLINE_EXCEEDED)")
         r.add_argument("--max-size", help="with --remote: the upper end of a size range from "
                        "--size; one MSCCL file per size bucket")
+        local = synth.get_default("func")
+        synth.set_defaults(func=lambda args: (remote_synthesize if args.remote else local)(args))
 
 
 # ---- serve -----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``python -m choreo_operator.bench``: the operator's benchmark on a throw-away local cluster.
+"""``python -m choreo_dev.operator_bench``: the operator's benchmark on a throw-away local cluster.
 
 Starts the control plane, ``choreo serve`` and the operator (all stopped by PID at the end),
 creates 1000 fake 8-GPU nodes in one rail-optimized FabricTopology and 50 tenants (one of
@@ -26,7 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from choreo.benchtable import Row, exit_code, print_rows
-from choreo_operator import testing as T
+from choreo_dev import operator_testing as T
 
 GROUP = "/apis/choreo.dev/v1alpha1"
 console = Console(highlight=False)
@@ -242,7 +242,7 @@ def _exit_once(*_: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m choreo_operator.bench",
+    p = argparse.ArgumentParser(prog="python -m choreo_dev.operator_bench",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--tenants", type=int, default=50)

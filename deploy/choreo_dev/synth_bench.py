@@ -6,6 +6,7 @@ the measured value, the target, and the published reference it compares with.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import os
 import resource
@@ -283,3 +284,22 @@ def run_bench(quick: bool, only: str | None, json_path: str | None, console: Con
     if json_path:
         write_json(rows, json_path)
     return exit_code(rows)
+
+
+def register(sub: Any) -> None:
+    """Add ``bench`` to the ``choreo`` command (a ``choreo.commands`` entry point)."""
+    b = sub.add_parser("bench", help="synthesis time and quality benchmark table")
+    b.add_argument("--quick", action="store_true", help="small instances only (about a minute)")
+    b.add_argument("--only", help="run only benchmarks whose name contains this text; "
+                   "`--only cli` times whole default CLI runs at 1024 NPUs (only when named)")
+    b.add_argument("--json", help="also write the rows to this file")
+    b.add_argument("--calibration", action="store_true",
+                   help="only the NCCL model against published nccl-tests measurements")
+    b.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from choreo.cli import console
+
+    return run_bench(quick=args.quick, only=args.only, json_path=args.json, console=console,
+                     calibration=args.calibration)

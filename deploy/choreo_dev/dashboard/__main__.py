@@ -1,4 +1,4 @@
-"""``python -m choreo.dashboard --prometheus URL --out dashboard.png``: draw the dashboard."""
+"""``python -m choreo_dev.dashboard --prometheus URL --out dashboard.png``: draw the dashboard."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from choreo.dashboard.promql import DEFAULT_DASHBOARD, Prometheus, default_variables, load
-from choreo.dashboard.render import render
 from choreo.errors import ChoreoError
+from choreo_dev.dashboard.promql import DEFAULT_DASHBOARD, Prometheus, default_variables, load
+from choreo_dev.dashboard.render import render
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m choreo.dashboard", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m choreo_dev.dashboard", description=__doc__)
     p.add_argument("--prometheus", required=True, help="base URL, e.g. http://127.0.0.1:9090")
     p.add_argument("--out", type=Path, required=True, help="PNG to write")
     p.add_argument("--dashboard", type=Path, default=DEFAULT_DASHBOARD,

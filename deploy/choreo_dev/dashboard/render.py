@@ -20,7 +20,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from choreo.dashboard.promql import Prometheus, Series, default_variables, expand, legend, panels
+from choreo_dev.dashboard.promql import (
+    Prometheus,
+    Series,
+    default_variables,
+    expand,
+    legend,
+    panels,
+)
 
 # unit -> (divisor, axis label)
 UNITS: dict[str, tuple[float, str]] = {
