@@ -10,7 +10,7 @@ number choreo prints about a schedule comes from the same place.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from choreo.baselines import (
@@ -23,6 +23,7 @@ from choreo.bounds import lower_bound
 from choreo.nccl.compare import versus_nccl
 from choreo.schedule import Schedule
 from choreo.simulate import SimResult, simulate
+from choreo.synth import auto_chunks
 from choreo.verify import Verdict, verify
 
 NCCL = "nccl"
@@ -117,11 +118,16 @@ def evaluate(
             vs = versus_nccl(fabric, d, float(sim.tenant_time[t]))
             if vs is not None:  # else NCCL could not connect the ranks: nothing to compare
                 times[NCCL], choice = vs.nccl_s, vs.choice
-            paths = BaselinePaths(fabric, d)  # routes shared by the demand's baselines
-            for name in baselines_for(d, fabric):
+            # A ranged plan picks its own (finer) chunks; the textbook algorithms pipeline with
+            # what the demand would get, or their chunk-by-chunk sends multiply.
+            textbook = replace(d, chunks=min(d.chunks, auto_chunks(
+                fabric, d.collective, d.size, d.n))) if schedule.ranged else d
+            paths = BaselinePaths(fabric, textbook)  # routes shared by the demand's baselines
+            for name in baselines_for(textbook, fabric):
                 say(f"baseline {name} for {d.name or d.collective.value}")
                 try:
-                    times[textbook_label(name)] = baseline_makespan(name, fabric, d, paths)
+                    times[textbook_label(name)] = baseline_makespan(name, fabric, textbook,
+                                                                    paths)
                 except BaselineUnavailable:
                     continue
         results.append(TenantResult(
