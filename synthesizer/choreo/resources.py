@@ -63,33 +63,33 @@ def link_model(topology: Topology, fabric: Topology, links: np.ndarray) -> LinkM
     """Classify ``links`` (sorted unique topology link ids) as circuits or fractional shares."""
     links = np.asarray(links, dtype=np.int64)
     nf = len(fabric.links)
-    fractional = np.zeros(len(links), dtype=bool)
+    paths = [physical_path(topology, fabric, i) for i in links.tolist()]
     ptr = np.zeros(len(links) + 1, dtype=np.int64)
-    phys: list[int] = []
-    bad: list[str] = []
-    for k, i in enumerate(links.tolist()):
-        lk = topology.links[i]
-        path = physical_path(topology, fabric, i)
-        reason = ""
+    ptr[1:] = np.cumsum([len(path) for path in paths])
+    raw = np.fromiter((p for path in paths for p in path), dtype=np.int64, count=int(ptr[-1]))
+    row = np.repeat(np.arange(len(links)), np.diff(ptr))
+    exists = (raw >= 0) & (raw < nf)
+    usable = np.array([fabric.usable(p) for p in range(nf)], dtype=bool)
+    dead = exists & ~usable[np.where(exists, raw, 0)]
+    bad = [""] * len(links)
+    for k in np.unique(row[~exists | dead]).tolist():  # the first problem of each bad link
+        path = paths[k]
         missing = [p for p in path if not 0 <= p < nf]
         if missing:
-            reason = f"via link {missing[0]} does not exist in fabric {fabric.name}"
-            path = tuple(p for p in path if 0 <= p < nf)
-        else:
-            dead = [p for p in path if not fabric.usable(p)]
-            if dead:
-                f = fabric.links[dead[0]]
-                reason = (
-                    f"via link {dead[0]} ({fabric.node_name(f.src)}->{fabric.node_name(f.dst)}) "
-                    "is not usable in the fabric"
-                )
-        if path:
-            slowest = min(fabric.links[p].bandwidth for p in path)
-            fractional[k] = lk.bandwidth < slowest * (1 - SHARE_RTOL)
-        phys.extend(path)
-        ptr[k + 1] = len(phys)
-        bad.append(reason)
-    return LinkModel(links, fractional, ptr, np.asarray(phys, dtype=np.int64), bad)
+            bad[k] = f"via link {missing[0]} does not exist in fabric {fabric.name}"
+            continue
+        first = next(p for p in path if not fabric.usable(p))
+        f = fabric.links[first]
+        bad[k] = (f"via link {first} ({fabric.node_name(f.src)}->{fabric.node_name(f.dst)}) "
+                  "is not usable in the fabric")
+    phys = raw[exists]  # a missing via link occupies nothing
+    ptr[1:] = np.cumsum(np.bincount(row[exists], minlength=len(links)))
+    fab_bw = np.array([lk.bandwidth for lk in fabric.links], dtype=np.float64)
+    slowest = np.full(len(links), np.inf)
+    np.minimum.at(slowest, row[exists], fab_bw[phys])
+    own_bw = np.array([topology.links[i].bandwidth for i in links.tolist()], dtype=np.float64)
+    fractional = np.isfinite(slowest) & (own_bw < slowest * (1 - SHARE_RTOL))
+    return LinkModel(links, fractional, ptr, phys, bad)
 
 
 def share_of_port(topology: Topology, fabric: Topology, model: LinkModel) -> np.ndarray:

@@ -111,38 +111,47 @@ class Slots:
         return cls(ptr, links, ptr, links, count)
 
 
-def _csr(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
-    ptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum([len(r) for r in rows])
-    return ptr, np.fromiter((x for r in rows for x in r), dtype=np.int64, count=int(ptr[-1]))
+def _grouped(row: np.ndarray, slot: np.ndarray, keep: np.ndarray,
+             rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of the kept (row, slot) pairs, rows in order, each row's slots as given."""
+    row, slot = row[keep], slot[keep]
+    order = np.argsort(row, kind="stable")
+    ptr = np.zeros(rows + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(np.bincount(row, minlength=rows))
+    return ptr, slot[order]
 
 
 def _slots(model: LinkModel, nl: int, nf: int) -> Slots:
     """Per model row: slots to wait for and slots to advance.
 
     Slot ``l`` is logical link l, ``nl + p`` the exclusive (circuit) use of fabric link p and
-    ``nl + nf + p`` the latest end of any fractional share on p. Slots nobody advances are
-    not waited for and slots nobody waits for are not advanced, so a schedule that uses only
-    one kind of link pays for nothing else.
+    ``nl + nf + p`` the latest end of any fractional share on p. A fractional share waits for
+    its own link and the circuits on its physical links and advances its share slots; a
+    circuit waits for and advances its physical links, and waits for their shares too; a
+    link on no physical link is its own slot. Slots nobody advances are not waited for and
+    slots nobody waits for are not advanced, so a schedule that uses only one kind of link
+    pays for nothing else.
     """
-    waits: list[list[int]] = []
-    updates: list[list[int]] = []
-    for j, li in enumerate(model.links.tolist()):
-        phys = model.physical_of(j).tolist()
-        if model.fractional[j]:
-            waits.append([li] + [nl + p for p in phys])
-            updates.append([li] + [nl + nf + p for p in phys])
-        elif phys:
-            waits.append([nl + p for p in phys] + [nl + nf + p for p in phys])
-            updates.append([nl + p for p in phys])
-        else:
-            waits.append([li])
-            updates.append([li])
-    advanced = {u for us in updates for u in us}
-    awaited = {w for ws in waits for w in ws}
-    wait_ptr, wait = _csr([tuple(w for w in ws if w in advanced) for ws in waits])
-    update_ptr, update = _csr([tuple(u for u in us if u in awaited) for us in updates])
-    return Slots(wait_ptr, wait, update_ptr, update, nl + 2 * nf)
+    k = len(model.links)
+    frac = np.asarray(model.fractional, dtype=bool)
+    per_row = np.diff(model.ptr)
+    own = np.flatnonzero(frac | (per_row == 0))  # rows whose own link is a slot
+    phys_row = np.repeat(np.arange(k, dtype=np.int64), per_row)
+    p = model.phys.astype(np.int64)
+    on_circuit = ~frac[phys_row]
+    wait_row = np.concatenate([own, phys_row, phys_row[on_circuit]])
+    wait_slot = np.concatenate([model.links[own], nl + p, nl + nf + p[on_circuit]])
+    update_row = np.concatenate([own, phys_row[~on_circuit], phys_row[on_circuit]])
+    update_slot = np.concatenate([model.links[own], nl + nf + p[~on_circuit],
+                                  nl + p[on_circuit]])
+    count = nl + 2 * nf
+    advanced = np.zeros(count, dtype=bool)
+    advanced[update_slot] = True
+    awaited = np.zeros(count, dtype=bool)
+    awaited[wait_slot] = True
+    wait_ptr, wait = _grouped(wait_row, wait_slot, advanced[wait_slot], k)
+    update_ptr, update = _grouped(update_row, update_slot, awaited[update_slot], k)
+    return Slots(wait_ptr, wait, update_ptr, update, count)
 
 
 @dataclass

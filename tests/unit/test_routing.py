@@ -19,7 +19,7 @@ def _python_path(router: Router, a: int, b: int) -> tuple[int, ...]:
     return tuple(reversed(hops))
 
 
-@pytest.mark.parametrize("spec", ["dgx-h100-4", "torus-4x4", "dragonfly-4x3", "dgx1",
+@pytest.mark.parametrize("spec", ["dgx-h100-4", "dgx-h100-16", "torus-4x4", "dragonfly-4x3", "dgx1",
                                   "3d-rfs-8", "switch2d-4x4", "dgx2-2"])
 def test_engine_routes_match_the_python_search(spec: str) -> None:
     fabric = build(spec)
