@@ -564,6 +564,37 @@ def dgx_h100(
     return fab.build(f"dgx-h100-{k}", (8, k), switches if nvls else ())
 
 
+def dgx_h100_spine(
+    blocks: int,
+    nodes: int,
+    *,
+    oversubscription: float = 2.0,
+    nvswitch_bandwidth: float = H100_NVSWITCH_BANDWIDTH,
+    nvswitch_alpha: float = 0.7 * US,
+    ib_bandwidth: float = NDR_NIC_BANDWIDTH,
+    ib_alpha: float = 1.7 * US,
+) -> Topology:
+    """``blocks`` blocks of ``nodes`` DGX-H100 nodes: in each block rail leaf ``b/rail<r>``
+    joins GPU r of the block's nodes; leaf ``b/rail<r>`` climbs to spine ``spine/rail<r>`` by
+    one duplex uplink of the leaf's port bandwidth over ``oversubscription`` (2: 2:1), as
+    the operator builds a FabricTopology with blocks. Tenants in different blocks meet on
+    the spine."""
+    nb = _count("dgx-h100-spine blocks", blocks, 2)
+    k = _count("dgx-h100-spine nodes per block", nodes, 1)
+    ratio = _positive("oversubscription", oversubscription)
+    bw, a = _positive("ib_bandwidth", ib_bandwidth), _alpha("ib_alpha", ib_alpha)
+    fab = _Fabric(_node_names(nb * k, 8))
+    switches = _nvswitch_nodes(fab, nb * k, 8, _alpha("nvswitch_alpha", nvswitch_alpha),
+                               _positive("nvswitch_bandwidth", nvswitch_bandwidth))
+    for r in range(8):
+        spine = fab.switch(f"spine/rail{r}")
+        for b in range(nb):
+            leaf = fab.switch(f"block{b}/rail{r}")
+            _attach(fab, leaf, [(b * k + i) * 8 + r for i in range(k)], a, bw, "ib")
+            fab.duplex(leaf, spine, a / 2, k * bw / ratio, "ib")
+    return fab.build(f"dgx-h100-spine-{nb}x{k}", (8, nb * k), switches)
+
+
 def dgx_a100(
     nodes: int = 1,
     *,
@@ -745,6 +776,13 @@ _register(
     "K DGX-H100 nodes: NVSwitch 370 GB/s with NVLink SHARP, 8 IB rails 46 GB/s (achievable)",
     dgx_h100,
     "nodes",
+)
+_register(
+    "dgx-h100-spine",
+    "dgx-h100-spine-AxB",
+    "A blocks of B DGX-H100 nodes, rail leaves per block under a 2:1 oversubscribed spine",
+    dgx_h100_spine,
+    "pair",
 )
 _register(
     "dgx-a100",

@@ -192,7 +192,10 @@ def _per_tenant_unwinding(fabric: Topology, demands: tuple[Demand, ...], degree:
                           unwind: Callable[[Topology, int], Topology]) -> Topology:
     """Each tenant's own unwinding, merged; physical links that several tenants' logical links
     ride on (a NIC uplink shared by two jobs' GPUs) are split between them so that no physical
-    link carries more than its bandwidth."""
+    link carries more than its bandwidth, and a logical link on such a link is a share, never
+    a circuit that would hold it exclusively (``choreo.unwind.SHARED_GAP``)."""
+    from choreo.unwind import SHARED_GAP
+
     links: list[Link] = []
     seen: set[tuple[int, int, tuple[int, ...]]] = set()
     name = fabric.name
@@ -205,14 +208,23 @@ def _per_tenant_unwinding(fabric: Topology, demands: tuple[Demand, ...], degree:
                 seen.add(key)
                 links.append(link)
     load = np.zeros(len(fabric.links))
+    riders = np.zeros(len(fabric.links), dtype=np.int64)
     for link in links:
         for p in link.via:
             load[p] += link.bandwidth
+            riders[p] += 1
     capacity = np.array([lk.bandwidth for lk in fabric.links])
     factor = np.minimum(1.0, np.divide(capacity, load, out=np.ones_like(load), where=load > 0))
-    scaled = [replace(link, bandwidth=link.bandwidth * float(min(factor[p] for p in link.via)))
-              if link.via else link for link in links]
-    return fabric.with_links(scaled, name=f"{name}/per-tenant")
+
+    def fitted(link: Link) -> Link:
+        if not link.via:
+            return link
+        bw = link.bandwidth * float(min(factor[p] for p in link.via))
+        if any(riders[p] > 1 for p in link.via):
+            bw = min(bw, float(min(capacity[p] for p in link.via)) * (1 - SHARED_GAP))
+        return replace(link, bandwidth=bw)
+
+    return fabric.with_links([fitted(link) for link in links], name=f"{name}/per-tenant")
 
 
 # ---- one synthesis on a switch-free logical topology --------------------------------------

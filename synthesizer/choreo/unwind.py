@@ -19,6 +19,11 @@ exclusively. Hence the rule every consumer applies (see ``is_fractional``):
     *fractional share* (it can run concurrently with its port-mates); otherwise it is a
     *circuit* (it excludes every other link that shares one of its ``via`` links).
 
+A logical link that splits some physical link with others is always a share: where its
+share equals its slowest link (a port it has alone, behind an oversubscribed uplink it
+splits), its bandwidth is set ``SHARED_GAP`` below, or it would pass for a circuit holding
+the uplink exclusively while its port-mates use it too.
+
 Failures: members are the live NPUs with a usable port into the group in each direction,
 and routes use only usable links, so every logical link is healthy; unwinding a fabric after
 ``transforms`` re-spreads the circulant over the survivors.
@@ -34,6 +39,8 @@ from functools import cache
 
 from choreo.errors import InputError
 from choreo.topology import Link, NodeKind, Topology
+
+SHARED_GAP = 1e-6  # relative; well above the 1e-9 that tells shares from circuits
 
 
 @dataclass(frozen=True)
@@ -274,6 +281,8 @@ def unwind(topo: Topology, degree: int | None = None) -> Topology:
                     plan.append((p, q, path))
         for p, q, path in plan:
             share = min(topo.links[i].bandwidth / router.load[i] for i in path)
+            if any(router.load[i] > 1 for i in path):  # it splits a link: always a share
+                share = min(share, _min_bw(topo, path) * (1 - SHARED_GAP))
             links.append(_logical(topo, p, q, path, share))
     suffix = f"unwound-d{degree}" if degree is not None else "unwound"
     return replace(topo, links=tuple(links), name=f"{topo.name}/{suffix}")

@@ -298,3 +298,17 @@ def test_fabrics_too_large_for_the_machine_are_refused_before_they_are_built(
     with pytest.raises(InputError) as info:
         build(spec)
     assert needle in str(info.value)
+
+
+def test_spine_blocks_meet_on_oversubscribed_uplinks() -> None:
+    fabric = build("dgx-h100-spine-2x4")
+    assert len(fabric.npus) == 64
+    by_name = {name: i for i, name in enumerate(fabric.names)}
+    leaf, spine = by_name["block1/rail3"], by_name["spine/rail3"]
+    up = [lk for lk in fabric.links if (lk.src, lk.dst) == (leaf, spine)]
+    ports = [lk for lk in fabric.links if lk.dst == leaf and fabric.is_npu(lk.src)]
+    assert len(up) == 1 and len(ports) == 4  # GPU 3 of the block's four nodes
+    assert up[0].bandwidth == sum(p.bandwidth for p in ports) / 2  # 2:1
+    assert {fabric.names[p.src] for p in ports} == {f"node{n}/gpu3" for n in range(4, 8)}
+    with pytest.raises(InputError, match="blocks"):
+        build("dgx-h100-spine-1x4")

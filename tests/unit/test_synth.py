@@ -262,3 +262,18 @@ def test_sizes_beyond_a_float_are_input_errors() -> None:
 
     with pytest.raises(InputError, match=r"1 B \.\. 1 TiB"):
         parse_size("1e400", "--size")
+
+
+def test_tenants_that_meet_on_an_oversubscribed_spine_verify() -> None:
+    """Two tenants, each on two nodes of each block of dgx-h100-spine-2x4: their logical
+    links ride the same leaf uplinks, which each tenant's own unwinding saw as its own."""
+    fabric = build("dgx-h100-spine-2x4")
+
+    def on(*nodes: int) -> tuple[int, ...]:
+        return tuple(g for n in nodes for g in range(8 * n, 8 * n + 8))
+
+    demands = [Demand(Collective.ALLREDUCE, on(0, 1, 4, 5), 64 << 20, 2, name="a"),
+               Demand(Collective.ALLREDUCE, on(2, 3, 6, 7), 64 << 20, 2, name="b")]
+    schedule = synthesize(fabric, demands, SynthOptions(restarts=1, relay=False))
+    verdict = verify(schedule)
+    assert verdict.ok, verdict.summary()

@@ -205,3 +205,19 @@ def test_large_unwind_stays_near_linear() -> None:
     u = unwind(topo, 4)
     assert time.perf_counter() - start < 20.0
     assert len(u.links) == 4096 + 8 * 128 * 4
+
+
+def test_a_logical_link_that_splits_an_uplink_is_a_share_not_a_circuit() -> None:
+    """NPUs 0 and 2 under leaf 4, 1 and 3 under leaf 5, the leaves on spine 6 by uplinks as
+    fast as two ports: at degree 1 every NPU's one link crosses the spine, two per uplink.
+    Each gets its whole port and half an uplink, as fast as its slowest link, but a circuit
+    would hold the uplink alone."""
+    port, up = 46e9, 92e9
+    links = [*duplex(0, 4, 1e-6, port), *duplex(2, 4, 1e-6, port), *duplex(1, 5, 1e-6, port),
+             *duplex(3, 5, 1e-6, port), *duplex(4, 6, 1e-6, up), *duplex(5, 6, 1e-6, up)]
+    topo = Topology("two-leaves", (NodeKind.NPU,) * 4 + (NodeKind.SWITCH,) * 3, tuple(links))
+    logical = unwind(topo, 1)
+    assert len(logical.links) == 4
+    for link in logical.links:
+        assert link.bandwidth == pytest.approx(port, rel=1e-5)
+        assert is_fractional(topo, link), link
