@@ -14,7 +14,7 @@ from choreo.nccl import nccl_baseline
 from choreo.nccl.channels import build as build_channels
 from choreo.nccl.channels import search
 from choreo.nccl.fabric import describe
-from choreo.nccl.model import nvls_chunk_size
+from choreo.nccl.model import nccl_jointly, nvls_chunk_size
 from choreo.nccl.schedule import ring_schedule
 from choreo.nccl.traffic import sends
 from choreo.nccl.tuning import PAT, choose, estimates
@@ -365,3 +365,23 @@ def test_calibration_reports_every_measured_row() -> None:
     assert [r.case for r in rows if not r.ok] == []
     assert "16 MiB" in rows[3].case and rows[3].value == pytest.approx(1.051, abs=0.002)
     assert exit_code(rows) == 0
+
+
+def test_tenants_running_at_once_share_only_the_links_they_share() -> None:
+    fabric = build("dgx-h100-2")
+    halves = [tuple(g for g in fabric.npus if (g % 8 < 4) == low) for low in (True, False)]
+    demands = [Demand(Collective.ALLREDUCE, ranks, 1 << 30) for ranks in halves]
+    alone = [nccl_baseline(fabric, d) for d in demands]
+    assert [r.seconds for r in nccl_jointly(fabric, demands)] == [r.seconds for r in alone]
+
+    spine = build("dgx-h100-spine-2x2")  # one node of each block per tenant: all cross the spine
+    demands = [Demand(Collective.ALLREDUCE, tuple(range(8 * a, 8 * a + 8))
+                      + tuple(range(8 * b, 8 * b + 8)), 1 << 30) for a, b in ((0, 2), (1, 3))]
+    alone = [nccl_baseline(spine, d) for d in demands]
+    joint = nccl_jointly(spine, demands)
+    for a, j in zip(alone, joint, strict=True):
+        assert j.choice == a.choice  # NCCL chooses as if alone
+        assert a.wire_s < j.wire_s <= 2 * a.wire_s  # at most both tenants' bytes on a link
+        assert j.seconds > a.seconds
+        assert "spine" in j.explanation and "spine" not in a.explanation  # the shared uplinks
+    assert joint[0].seconds == pytest.approx(joint[1].seconds)  # mirror images

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.nccl.channels import NVLS_CHANNELS, Channels, build, search
@@ -97,6 +99,38 @@ def nccl_baseline(fabric: Topology, demand: Demand, *, algorithms: Sequence[str]
     """NCCL's choice and time for ``demand`` on ``fabric``. ``algorithms``/``protocols``
     restrict the choice like ``NCCL_ALGO``/``NCCL_PROTO``; ``arch`` (volta, ampere, hopper)
     overrides the GPU generation read from the fabric; ``pat=False`` is ``NCCL_PAT_ENABLE=0``."""
+    return _timed(_plan(fabric, demand, algorithms, protocols, arch, pat))
+
+
+def nccl_jointly(fabric: Topology, demands: Sequence[Demand]) -> list[NcclResult]:
+    """Every tenant running NCCL at once on ``fabric``: each makes its own choice as if it
+    were alone (NCCL knows nothing of the others), and every link carries all tenants'
+    bytes at once, so a tenant's wire term is its busiest link under the total load."""
+    runs = [_plan(fabric, d) for d in demands]
+    wire = [run.loads.bytes / WIRE_EFFICIENCY[run.protocol] for run in runs]
+    total = np.sum(wire, axis=0) if wire else np.zeros(0)
+    return [_timed(run, total - own) for run, own in zip(runs, wire, strict=True)]
+
+
+@dataclass
+class _Run:
+    """One collective's NCCL choice and the bytes its channels put on every link."""
+
+    fab: NcclFabric
+    ch: Channels
+    demand: Demand
+    pick: Estimate | None  # None: grouped send/recv
+    sent: Sends
+    loads: Loads
+
+    @property
+    def protocol(self) -> str:
+        return self.pick.protocol if self.pick is not None else SIMPLE
+
+
+def _plan(fabric: Topology, demand: Demand, algorithms: Sequence[str] | None = None,
+          protocols: Sequence[str] | None = None, arch: str | None = None,
+          pat: bool = True) -> _Run:
     for name, given, known in (("algorithms", algorithms, (*ALGORITHMS,)),
                                ("protocols", protocols, PROTOCOLS)):
         for x in given or ():
@@ -109,7 +143,9 @@ def nccl_baseline(fabric: Topology, demand: Demand, *, algorithms: Sequence[str]
     ch = build(fab, graphs)
     nbytes = float(demand.size)
     if demand.collective in P2P_COLLECTIVES:
-        return _p2p(fab, ch, demand)
+        sent = sends(fab, ch, demand, P2P)
+        return _Run(fab, ch, demand, None, sent,
+                    _loads(fab, sent, nbytes / max(fab.n_ranks, 1) ** 2))
     options = estimates(fab, graphs, demand.collective, nbytes, ch.n_channels, pat)
     allowed = [e for e in options if (not algorithms or e.algorithm in algorithms)
                and (not protocols or e.protocol in protocols)]
@@ -117,15 +153,28 @@ def nccl_baseline(fabric: Topology, demand: Demand, *, algorithms: Sequence[str]
         # NCCL falls back to a ring when the user's choice is not available
         allowed = [e for e in options if e.algorithm == RING] or options
     pick = choose(allowed, nbytes)
-    return _timed(fab, ch, demand, pick)
+    sent = sends(fab, ch, demand, pick.algorithm)
+    return _Run(fab, ch, demand, pick, sent, _loads(fab, sent, nbytes / max(ch.n_channels, 1)))
 
 
-def _timed(fab: NcclFabric, ch: Channels, d: Demand, pick: Estimate) -> NcclResult:
+def _wire(run: _Run, others: np.ndarray | None) -> tuple[float, int]:
+    """Seconds the busiest of the run's links needs for its bytes (at its protocol's wire
+    efficiency) and, given, the other tenants' wire bytes on it; and that link."""
+    own = run.loads.bytes / WIRE_EFFICIENCY[run.protocol]
+    bw = np.array([lk.bandwidth for lk in run.loads.topo.links])
+    busy = own / bw if others is None else np.where(own > 0, (own + others) / bw, 0.0)
+    if not len(busy) or busy.max() <= 0:
+        return 0.0, -1
+    i = int(np.argmax(busy))
+    return float(busy[i]), i
+
+
+def _timed(run: _Run, others: np.ndarray | None = None) -> NcclResult:
+    fab, ch, d, pick, sent, loads = run.fab, run.ch, run.demand, run.pick, run.sent, run.loads
+    if pick is None:
+        return _p2p(run, others)
     s = float(d.size)
-    sent = sends(fab, ch, d, pick.algorithm)
-    loads = _loads(fab, sent, s / max(ch.n_channels, 1))
-    wire_s, link = loads.bottleneck()
-    wire_s /= WIRE_EFFICIENCY[pick.protocol]
+    wire_s, link = _wire(run, others)
     model_s = s / (pick.bandwidth_gbs * 1e9)
     bandwidth_s = max(wire_s, model_s)
     alpha_s = _alpha_path(fab, sent, loads)
@@ -187,13 +236,11 @@ def nvls_fill_s(nbytes: float, heads: int, bandwidth_s: float) -> float:
     return (NVLS_STAGES - 1) * step / channel * bandwidth_s
 
 
-def _p2p(fab: NcclFabric, ch: Channels, d: Demand) -> NcclResult:
+def _p2p(run: _Run, others: np.ndarray | None = None) -> NcclResult:
     """Gather, Scatter and AllToAll run as grouped send/recv (PXN across nodes): one round of
     concurrent sends, latency of one Simple step on the slowest transport."""
-    s = float(d.size)
-    sent = sends(fab, ch, d, P2P)
-    loads = _loads(fab, sent, s / max(fab.n_ranks, 1) ** 2)
-    wire_s, link = loads.bottleneck()
+    fab, ch, d, sent, loads = run.fab, run.ch, run.demand, run.sent, run.loads
+    wire_s, link = _wire(run, others)
     hw = NET if fab.n_nodes > 1 else (NVL if fab.nvlink else PCI)
     lat = (BASE_LAT[RING][2] + HW_LAT[hw][RING][2]) * 1e-6
     latency_s = max(lat, _alpha_path(fab, sent, loads))
