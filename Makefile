@@ -57,6 +57,8 @@ bench: setup cluster-binaries
 	-$(BIN)/choreo bench
 	-$(BIN)/python -m choreo.msccl.bench
 	-$(BIN)/python -m choreo.teccl.bench
+	-$(BIN)/python -m choreo_dev.gather_bench
+	-$(BIN)/python -m choreo.nccl.versus
 	-$(BIN)/python -m choreo.service.bench
 	-$(BIN)/python -m choreo.service.spread_bench
 	-$(BIN)/python -m choreo_agents.bench
