@@ -1,18 +1,23 @@
 """Random large rail fabrics with failed GPUs and NICs: the rail-hierarchical plan always
-verifies, and its program fits one ConfigMap per node and passes the MSCCL validator."""
+verifies, its program fits one ConfigMap per node and passes the MSCCL validator, and the CLI
+ships a file only where the NCCL model is not predicted faster."""
 
 from __future__ import annotations
 
+import json
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from choreo import cli
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
 from choreo.msccl.api import to_xml
 from choreo.msccl.split import MAX_CONFIGMAP_BYTES, split_per_node
 from choreo.msccl.validate import validate
+from choreo.nccl.compare import versus_nccl
 from choreo.synth import SynthOptions, auto_chunks, synthesize
 from choreo.topology import NodeKind
 from choreo.transforms import fail_links, fail_npus
@@ -44,3 +49,27 @@ def test_rail_plans_on_damaged_fabrics(hosts: int, failed_gpus: int, failed_nics
     files = split_per_node(xml, [damaged.names[r].split("/")[0] for r in s.demands[0].ranks])
     assert max(len(text.encode()) for text in files.values()) <= MAX_CONFIGMAP_BYTES
     assert validate(xml) == []
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hosts=st.integers(33, 36), failed_gpus=st.integers(0, 2),
+       size_mib=st.sampled_from([16, 1024]), seed=st.integers(0, 2**16))
+def test_the_cli_ships_a_file_only_where_nccl_is_not_faster(
+        tmp_path_factory: pytest.TempPathFactory, hosts: int, failed_gpus: int, size_mib: int,
+        seed: int) -> None:
+    fabric = build(f"dgx-h100-{hosts}")
+    gpus = random.Random(seed).sample(list(fabric.npus), failed_gpus)
+    out = tmp_path_factory.mktemp("msccl")
+    fail = ",".join(f"npu:{g}" for g in gpus)
+    argv = ["synthesize", "-t", fabric.name, "-c", "allreduce", "-s", f"{size_mib}MiB",
+            "--no-relay", "--no-baselines", "--msccl-out", str(out / "files"),
+            "-o", str(out / "run")] + (["--fail", fail] if fail else [])
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    damaged = fail_npus(fabric, gpus)
+    alive = tuple(v for v in damaged.npus if v not in damaged.failed)
+    ours = summary["tenants"][0]["time"]
+    vs = versus_nccl(damaged, Demand(Collective.ALLREDUCE, alive, size_mib << 20), ours)
+    assert vs is not None
+    shipped = (out / "files").exists() and any((out / "files").iterdir())
+    assert shipped == (ours <= vs.nccl_s), (shipped, ours, vs.nccl_s)
