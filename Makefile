@@ -58,6 +58,7 @@ bench: setup cluster-binaries
 	-$(BIN)/python -m choreo.msccl.bench
 	-$(BIN)/python -m choreo.teccl.bench
 	-$(BIN)/python -m choreo_dev.gather_bench
+	-$(BIN)/python -m choreo_dev.noise_bench
 	-$(BIN)/python -m choreo.nccl.versus
 	-$(BIN)/python -m choreo.service.bench
 	-$(BIN)/python -m choreo.service.spread_bench

@@ -222,21 +222,28 @@ def test_equalized_groups_near_equal_values_toward_the_safe_side():
     alpha = np.array([1.0, 1.01, 2.0])
     assert equalized(alpha, up=True).tolist() == [1.01, 1.01, 2.0]
     assert np.all(equalized(bw, up=False) <= bw) and np.all(equalized(alpha, up=True) >= alpha)
+    cloud = 100.0 * (1 + np.linspace(-0.04, 0.04, 50))  # one rate measured with 4% noise
+    assert set(equalized(cloud, up=False).tolist()) == {96.0}
+    chain = 100.0 * 1.04 ** np.arange(12)  # classes 4% apart: grouped at most 40% wide
+    groups = equalized(chain, up=False)
+    assert len(set(groups.tolist())) > 1 and np.all(chain <= groups * 1.4 + 1e-9)
 
 
+@pytest.mark.parametrize("noise", [0.005, 0.04, 0.08])
 @pytest.mark.parametrize("name", ["dgx-h100-2", "switch2d-8x4", "torus-4x4"])
-def test_measurement_noise_on_bandwidths_does_not_derail_the_schedule(name: str):
-    """Links measured 0.5% apart must plan like equal ones (within the noise), not scatter
-    the rounds of the greedy matching."""
+def test_measurement_noise_on_bandwidths_does_not_derail_the_schedule(name: str, noise: float):
+    """Links measured a few percent apart must plan like equal ones (within the noise), not
+    scatter the rounds of the greedy matching (4% noise made these 1.3-6.8x slower)."""
     topo = build(name)
     rng = np.random.default_rng(7)
-    noisy = topo.with_links([replace(lk, bandwidth=lk.bandwidth * (1 + rng.uniform(-0.005, 0.005)))
+    noisy = topo.with_links([replace(lk, bandwidth=lk.bandwidth * (1 + rng.uniform(-noise, noise)),
+                                     alpha=lk.alpha * (1 + rng.uniform(-noise, noise)))
                              for lk in topo.links])
     d = Demand(Collective.ALLGATHER, tuple(topo.npus), 1 << 28, 1)
     clean = synthesize(topo, [d], SynthOptions(relay=False, restarts=1))
     rough = synthesize(noisy, [d], SynthOptions(relay=False, restarts=1))
     check(rough)
-    assert rough.makespan <= clean.makespan * 1.02
+    assert rough.makespan <= clean.makespan * (1 + 2 * noise + 0.01)
 
 
 def test_work_that_cannot_fit_is_refused_before_anything_large_is_allocated() -> None:
