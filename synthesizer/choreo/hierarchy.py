@@ -6,8 +6,8 @@ and node limits. Multi-GPU hosts with one NIC per GPU (rails) give the structure
 that (as NCCL's and TACCL's hierarchical AllReduce do):
 
 1. inside each host, reduce-scatter the buffer into one *part* per GPU slot: the GPU at slot
-   ``s`` collects part ``s`` from its host mates (a host missing that GPU hands the part to
-   another of its GPUs);
+   ``s`` collects part ``s`` from its host mates (a slot that lost its GPU or NIC on some host
+   owns no part anywhere: see ``owners_of``);
 2. across hosts, the owners of part ``s`` run recursive halving/doubling on it (its rail),
    so each owner sends ``O(log hosts)`` ranges; extra hosts beyond a power of two fold in;
 3. inside each host, the owners all-gather their reduced parts.
@@ -83,10 +83,17 @@ class Hop:
 @dataclass(frozen=True)
 class Shape:
     """The plan's structure: ``parts`` slots per host, ``hosts`` owners per part of which
-    ``extra`` beyond a power of two fold in."""
+    ``extra`` beyond a power of two fold in, at most ``gpus`` GPUs per host (default
+    ``parts``; more where a slot owns no part)."""
 
     parts: int
     hosts: int
+    gpus: int = 0
+
+    @property
+    def host_steps(self) -> int:
+        """Rounds of a host phase: every GPU sends to or receives from each mate once."""
+        return max(self.gpus, self.parts) - 1
 
     @property
     def extra(self) -> int:
@@ -110,7 +117,7 @@ class Shape:
         steps = 0
         for w in weights:
             part = ranks * chunks * w / sum(weights) / self.parts
-            host_sends = 2 * (self.parts - 1)  # reduce-scatter and all-gather
+            host_sends = 2 * self.host_steps  # reduce-scatter and all-gather
             steps += host_sends * (math.ceil(part / MAX_CNT) + 1)
             steps += sum(math.ceil(part * f / MAX_CNT) + 1 for f in self.rail_fractions())
         return 2 * self.parts * steps
@@ -133,7 +140,7 @@ def timeline(shape: Shape, weights: Sequence[int], part_bytes: float, host: Hop,
     finished rail slice's all-gather first, else the next reduce-scatter."""
     total = sum(weights)
     bytes_of = [part_bytes * w / total for w in weights]
-    host_phase = [(shape.parts - 1) * host.time(b) for b in bytes_of]
+    host_phase = [shape.host_steps * host.time(b) for b in bytes_of]
     rail_phase = [sum(rail.time(b * f) for f in shape.rail_fractions()) for b in bytes_of]
     k = len(weights)
     rs: list[float] = []
@@ -188,10 +195,20 @@ class _Sends:
             self.rows.append((at, src, dst, lo, hi - lo, int(op)))
 
 
-def owners_of(hosts: list[list[tuple[int, int]]]) -> tuple[list[int], list[list[int]]]:
-    """The slots in use, and per host the rank index holding each slot's part (a host missing
-    a slot hands its part to another of its GPUs)."""
-    slots = sorted({s for host in hosts for s, _ in host})
+def owners_of(hosts: list[list[tuple[int, int]]],
+              railed: set[int] | None = None) -> tuple[list[int], list[list[int]]]:
+    """The slots that own a part, and per host the rank index holding each part.
+
+    A part travels on one rail, so its slot must have a GPU with a working NIC (``railed``:
+    the rank indices that have one; None: all) on every host: a host that lost a GPU or a
+    NIC takes its slot out of the parts everywhere, and the buffer is cut into one part per
+    remaining rail, each rail's NICs loaded evenly. Handing the lost slot's part to a mate
+    instead doubles that mate's NIC load and slows the whole rail phase twofold, so hosts do
+    that only where fewer than half the slots would be left."""
+    usable = [{s for s, r in host if railed is None or r in railed} for host in hosts]
+    every = set.intersection(*usable)
+    anywhere = {s for host in hosts for s, _ in host}
+    slots = sorted(every if 2 * len(every) > len(anywhere) else anywhere)
     owners = []
     for host in hosts:
         by_slot = dict(host)
@@ -201,14 +218,16 @@ def owners_of(hosts: list[list[tuple[int, int]]]) -> tuple[list[int], list[list[
 
 
 def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[int],
-         host: Hop, rail: Hop) -> _Sends:
+         host: Hop, rail: Hop, railed: set[int] | None = None) -> _Sends:
     """The three phases in rank space (see the module docstring) on consecutive slices of
     the buffer (``weights``: their relative sizes), each send tagged with its start in the
     flow-shop estimate, so the simulator serves every port in a realistic order."""
-    slots, owners = owners_of(hosts)
-    index = {s: k for k, s in enumerate(slots)}  # slot -> part
+    slots, owners = owners_of(hosts, railed)
     parts = len(slots)
-    shape = Shape(parts, len(hosts))
+    shape = Shape(parts, len(hosts), max(len(m) for m in hosts))
+    # Senders rotate by their owner's place in the host, so no owner takes two sends in one
+    # round and every round of a host phase ends before the rail phase starts.
+    place = [{r: pos for pos, (_, r) in enumerate(members)} for members in hosts]
     part_bytes = demand.size / parts
     est = timeline(shape, weights, part_bytes, host, rail)
     out = _Sends()
@@ -220,10 +239,12 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
         bounds = [lo + k * (hi - lo) // parts for k in range(parts + 1)]
         step_host = host.time(part_bytes * weights[j] / sum(weights))
         for h, members in enumerate(hosts):  # 1: reduce-scatter inside each host
-            for s, r in members:
+            m = len(members)
+            for pos, (_, r) in enumerate(members):
                 for k in range(parts):
                     if owners[h][k] != r:
-                        at = est.host_rs[j] + step_host * ((k - index[s] - 1) % parts)
+                        turn = (place[h][owners[h][k]] - pos - 1) % m
+                        at = est.host_rs[j] + step_host * turn
                         out.add(at, r, owners[h][k], bounds[k], bounds[k + 1], Op.REDUCE)
         rail_at = [est.rail[j]]
         for f in shape.rail_fractions():
@@ -231,10 +252,12 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
         for k in range(parts):  # 2: recursive halving / doubling across hosts, per part
             _rhd(out, rail_at, [o[k] for o in owners], bounds[k], bounds[k + 1])
         for h, members in enumerate(hosts):  # 3: all-gather inside each host
-            for s, r in members:
+            m = len(members)
+            for pos, (_, r) in enumerate(members):
                 for k in range(parts):
                     if owners[h][k] != r:
-                        at = est.host_ag[j] + step_host * ((index[s] - k - 1) % parts)
+                        turn = (pos - place[h][owners[h][k]] - 1) % m
+                        at = est.host_ag[j] + step_host * turn
                         out.add(at, owners[h][k], r, bounds[k], bounds[k + 1], Op.COPY)
     return out
 
@@ -270,11 +293,25 @@ def _rhd(out: _Sends, at: list[float], members: list[int], lo: int, hi: int) -> 
             out.add(t, members[i], members[p + i], lo, hi, Op.COPY)
 
 
+def railed_ranks(fabric: Topology, ranks: Sequence[int]) -> set[int]:
+    """Indices of the ranks with a working link to a switch outside their host (a NIC on a
+    rail or leaf switch; the host's own switches are named ``host/...``)."""
+    out = set()
+    for i, v in enumerate(ranks):
+        prefix = fabric.names[v].split("/", 1)[0] + "/"
+        if any(fabric.usable(k) and not fabric.is_npu(fabric.links[k].dst)
+               and not fabric.names[fabric.links[k].dst].startswith(prefix)
+               for k in fabric.out_links(v)):
+            out.add(i)
+    return out
+
+
 def hop_costs(fabric: Topology, view: Topology, hosts: list[list[tuple[int, int]]],
-              ranks: Sequence[int], nbytes: float) -> tuple[Hop, Hop]:
+              ranks: Sequence[int], nbytes: float,
+              railed: set[int] | None = None) -> tuple[Hop, Hop]:
     """The routed cost of a send inside a host and of one along a rail, from the first host
     with two GPUs and part 0's owners on the first two hosts."""
-    _, owners = owners_of(hosts)
+    _, owners = owners_of(hosts, railed)
     inside = next(h for h in hosts if len(h) > 1)
     pairs = [(ranks[inside[0][1]], ranks[inside[1][1]]),
              (ranks[owners[0][0]], ranks[owners[1][0]])]
@@ -300,13 +337,15 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
         if hosts is None or d.collective is not Collective.ALLREDUCE or len(hosts) < 2:
             raise InputError(f"tenants[{t}]: the hierarchical plan needs an AllReduce over "
                              "several hosts with host/ names")
-        parts = len(owners_of(hosts)[0])
-        host, rail = hop_costs(fabric, view, hosts, d.ranks, d.size / parts)
-        weights = slicing(Shape(parts, len(hosts)), d.size / parts, host, rail, d.n, d.chunks)
+        railed = railed_ranks(fabric, d.ranks)
+        parts = len(owners_of(hosts, railed)[0])
+        host, rail = hop_costs(fabric, view, hosts, d.ranks, d.size / parts, railed)
+        shape = Shape(parts, len(hosts), max(len(m) for m in hosts))
+        weights = slicing(shape, d.size / parts, host, rail, d.n, d.chunks)
         d = replace(d, chunks=sum(weights) * -(-d.chunks // sum(weights)))
         planned.append(d)
         sliced.append(list(weights))
-        sends = plan(d, hosts, weights, host, rail)
+        sends = plan(d, hosts, weights, host, rail, railed)
         rows = np.asarray(sends.rows, dtype=np.float64).reshape(-1, 6)
         ranks = np.asarray(d.ranks, dtype=np.int64)
         ints = rows[:, 1:].astype(np.int64)
