@@ -89,6 +89,7 @@ class Shape:
     parts: int
     hosts: int
     gpus: int = 0
+    levels: tuple[int, ...] = ()  # the rail phase's radices; default ``radices(hosts)``
 
     @property
     def host_steps(self) -> int:
@@ -96,19 +97,23 @@ class Shape:
         return max(self.gpus, self.parts) - 1
 
     @property
-    def extra(self) -> int:
-        return self.hosts - (1 << (self.hosts.bit_length() - 1))
+    def radices(self) -> tuple[int, ...]:
+        """The rail phase's levels: their product is its core hosts, all but ``extra``."""
+        return self.levels or radices(self.hosts)
 
     @property
-    def levels(self) -> int:
-        return self.hosts.bit_length() - 1
+    def extra(self) -> int:
+        return self.hosts - math.prod(self.radices)
 
     def rail_fractions(self) -> list[float]:
-        """The share of a part each rail step sends, in step order."""
-        p = self.hosts - self.extra
-        halving = [(1 << lvl) / p for lvl in reversed(range(self.levels))]
+        """The share of a part each rail send carries, in step order: per level of radix r,
+        r - 1 sends of the level's sub-range; all-gather mirrors the reduce-scatter."""
+        scatter, share = [], 1.0
+        for r in self.radices:
+            share /= r
+            scatter += [share] * (r - 1)
         fold = [1.0] if self.extra else []
-        return fold + halving + halving[::-1] + fold
+        return fold + scatter + scatter[::-1] + fold
 
     def steps_per_host(self, weights: Sequence[int], ranks: int, chunks: int) -> int:
         """MSCCL steps of one host's ranks for these slices, at most: each send and its
@@ -184,6 +189,22 @@ def slicing(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
     return best[1]
 
 
+def best_shape(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
+               chunks: int = 1) -> tuple[Shape, tuple[int, ...]]:
+    """The rail levels and slices with the earliest estimated end: the factors up to
+    ``MAX_RADIX`` (hosts beyond a smooth count fold in) or every prime factor, however
+    large (no fold, but a level of radix r costs every member r - 1 sends)."""
+    best: tuple[float, Shape, tuple[int, ...]] | None = None
+    for levels in dict.fromkeys([radices(shape.hosts), radices(shape.hosts, shape.hosts)]):
+        candidate = replace(shape, levels=levels)
+        weights = slicing(candidate, part_bytes, host, rail, ranks, chunks)
+        end = timeline(candidate, weights, part_bytes, host, rail).end
+        if best is None or end < best[0] * (1 - 1e-9):
+            best = (end, candidate, weights)
+    assert best is not None
+    return best[1], best[2]
+
+
 class _Sends:
     """Rank-to-rank sends of chunk ranges, each tagged with its estimated start."""
 
@@ -218,13 +239,14 @@ def owners_of(hosts: list[list[tuple[int, int]]],
 
 
 def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[int],
-         host: Hop, rail: Hop, railed: set[int] | None = None) -> _Sends:
+         host: Hop, rail: Hop, railed: set[int] | None = None,
+         levels: tuple[int, ...] = ()) -> _Sends:
     """The three phases in rank space (see the module docstring) on consecutive slices of
     the buffer (``weights``: their relative sizes), each send tagged with its start in the
     flow-shop estimate, so the simulator serves every port in a realistic order."""
     slots, owners = owners_of(hosts, railed)
     parts = len(slots)
-    shape = Shape(parts, len(hosts), max(len(m) for m in hosts))
+    shape = Shape(parts, len(hosts), max(len(m) for m in hosts), levels)
     # Senders rotate by their owner's place in the host, so no owner takes two sends in one
     # round and every round of a host phase ends before the rail phase starts.
     place = [{r: pos for pos, (_, r) in enumerate(members)} for members in hosts]
@@ -250,7 +272,8 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
         for f in shape.rail_fractions():
             rail_at.append(rail_at[-1] + rail.time(part_bytes * weights[j] / sum(weights) * f))
         for k in range(parts):  # 2: recursive halving / doubling across hosts, per part
-            _rhd(out, rail_at, [o[k] for o in owners], bounds[k], bounds[k + 1])
+            _multiply(out, rail_at, [o[k] for o in owners], bounds[k], bounds[k + 1],
+                      shape.radices)
         for h, members in enumerate(hosts):  # 3: all-gather inside each host
             m = len(members)
             for pos, (_, r) in enumerate(members):
@@ -262,35 +285,78 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
     return out
 
 
-def _rhd(out: _Sends, at: list[float], members: list[int], lo: int, hi: int) -> None:
-    """AllReduce of chunks ``lo..hi-1`` among ``members``; ``at[i]``: step i's start."""
-    m = len(members)
-    p = 1 << (m.bit_length() - 1)
-    extra = m - p
-    levels = p.bit_length() - 1
-    step = iter(at)
+MAX_RADIX = 16  # a level of radix r costs every member r - 1 sends
+
+
+def radices(hosts: int, largest: int = MAX_RADIX) -> tuple[int, ...]:
+    """Levels of the rail phase: the prime factors of the largest number of hosts up to
+    ``hosts`` whose factors are all at most ``largest``, largest first; the hosts beyond it
+    fold in. Any host count then reduce-scatters in as many rounds as it has prime factors,
+    each moving exactly the member's share, where recursive halving alone folds in every
+    host beyond a power of two with a whole part (1.5x the rail phase at 125 hosts)."""
+    for core in range(hosts, 0, -1):
+        factors, left = [], core
+        for f in range(2, largest + 1):
+            while left % f == 0:
+                factors.append(f)
+                left //= f
+        if left == 1:
+            return tuple(sorted(factors, reverse=True))
+    return ()
+
+
+def _multiply(out: _Sends, at: list[float], members: list[int], lo: int, hi: int,
+              levels: Sequence[int]) -> None:
+    """AllReduce of chunks ``lo..hi-1`` among ``members`` by mixed-radix reduce-scatter and
+    all-gather over ``levels`` (recursive halving and doubling when every radix is 2), the
+    members beyond their product folding in; ``at[i]``: send round i's start. Member i ends
+    the reduce-scatter owning block i of the core's blocks."""
+    core = math.prod(levels)
+    extra = len(members) - core
+    rounds = iter(at)
 
     def cut(b: int) -> int:
-        return lo + b * (hi - lo) // p
+        return lo + b * (hi - lo) // core
 
     if extra:
-        t = next(step)
+        t = next(rounds)
         for i in range(extra):
-            out.add(t, members[p + i], members[i], lo, hi, Op.REDUCE)
-    for lvl in reversed(range(levels)):
-        dist, t = 1 << lvl, next(step)
-        for i in range(p):
-            first = (i ^ dist) & ~(dist - 1)
-            out.add(t, members[i], members[i ^ dist], cut(first), cut(first + dist), Op.REDUCE)
-    for lvl in range(levels):
-        dist, t = 1 << lvl, next(step)
-        for i in range(p):
-            first = i & ~(dist - 1)
-            out.add(t, members[i], members[i ^ dist], cut(first), cut(first + dist), Op.COPY)
+            out.add(t, members[core + i], members[i], lo, hi, Op.REDUCE)
+    weights = [math.prod(levels[k + 1:]) for k in range(len(levels))]  # blocks per digit
+    for k, r in enumerate(levels):  # reduce-scatter: keep sub-range d, send the others
+        w = weights[k]
+        times = [next(rounds) for _ in range(r - 1)]
+        for i in range(core):
+            d = i // w % r
+            base = i - d * w  # the group's first member
+            for turn in range(1, r):
+                u = (d + turn) % r
+                first = _block(i, k, u, levels)
+                out.add(times[turn - 1], members[i], members[base + u * w], cut(first),
+                        cut(first + w), Op.REDUCE)
+    for k in reversed(range(len(levels))):  # all-gather: send what is held to the group
+        r, w = levels[k], weights[k]
+        times = [next(rounds) for _ in range(r - 1)]
+        for i in range(core):
+            d = i // w % r
+            base = i - d * w
+            first = _block(i, k, d, levels)
+            for turn in range(1, r):
+                u = (d + turn) % r
+                out.add(times[turn - 1], members[i], members[base + u * w], cut(first),
+                        cut(first + w), Op.COPY)
     if extra:
-        t = next(step)
+        t = next(rounds)
         for i in range(extra):
-            out.add(t, members[i], members[p + i], lo, hi, Op.COPY)
+            out.add(t, members[i], members[core + i], lo, hi, Op.COPY)
+
+
+def _block(i: int, k: int, v: int, levels: Sequence[int]) -> int:
+    """First block of the sub-range with digit ``v`` at level ``k`` within member ``i``'s
+    range before level ``k`` (its digits above ``k``; blocks of the finest level)."""
+    w = math.prod(levels[k + 1:])
+    span = w * levels[k]
+    return (i // span) * span + v * w
 
 
 def railed_ranks(fabric: Topology, ranks: Sequence[int]) -> set[int]:
@@ -331,6 +397,7 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
     view = restrict(fabric, {r for d in demands for r in d.ranks}, relay)
     planned: list[Demand] = []
     sliced: list[list[int]] = []
+    rails: list[list[int]] = []
     cols: list[np.ndarray] = []
     for t, d in enumerate(demands):
         hosts = hosts_of(fabric, d.ranks)
@@ -340,12 +407,13 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
         railed = railed_ranks(fabric, d.ranks)
         parts = len(owners_of(hosts, railed)[0])
         host, rail = hop_costs(fabric, view, hosts, d.ranks, d.size / parts, railed)
-        shape = Shape(parts, len(hosts), max(len(m) for m in hosts))
-        weights = slicing(shape, d.size / parts, host, rail, d.n, d.chunks)
+        shape, weights = best_shape(Shape(parts, len(hosts), max(len(m) for m in hosts)),
+                                    d.size / parts, host, rail, d.n, d.chunks)
         d = replace(d, chunks=sum(weights) * -(-d.chunks // sum(weights)))
         planned.append(d)
         sliced.append(list(weights))
-        sends = plan(d, hosts, weights, host, rail, railed)
+        rails.append(list(shape.radices))
+        sends = plan(d, hosts, weights, host, rail, railed, shape.radices)
         rows = np.asarray(sends.rows, dtype=np.float64).reshape(-1, 6)
         ranks = np.asarray(d.ranks, dtype=np.int64)
         ints = rows[:, 1:].astype(np.int64)
@@ -358,4 +426,5 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
     tenant, src, dst, chunk, count, op = table[:, [0, 2, 3, 4, 5, 6]].T.astype(np.int64)
     part_bytes = max(d.size for d in planned) / 8  # routes are chosen for a part's range
     return timed_plan(fabric, view, tuple(planned), part_bytes, tenant, step, src, dst, chunk,
-                      op, count, engine=ENGINE, meta={"engine": ENGINE, "slices": sliced})
+                      op, count, engine=ENGINE, meta={"engine": ENGINE, "slices": sliced,
+                                                            "radices": rails})

@@ -35,7 +35,9 @@ def _allreduce(fabric_name: str, size: int = 16 << 20, chunks: int = 1,
 
 @pytest.mark.parametrize(("fabric", "failed"), [
     ("dgx-h100-2", ()),
-    ("dgx-h100-3", ()),  # hosts not a power of two: the extra host folds in
+    ("dgx-h100-3", ()),  # hosts not a power of two: one level of radix 3
+    ("dgx-h100-6", ()),  # radices 3 and 2
+    ("dgx-h100-5", ("node2/gpu1",)),
     ("dgx-h100-4", ("node1/gpu3",)),  # a host without slot 3 hands its part to a mate
     ("dgx-h100-4", ("node0/gpu0", "node2/gpu5", "node2/gpu6")),
 ])
@@ -175,3 +177,14 @@ def test_a_lost_gpu_or_nic_takes_its_rail_out_of_the_parts() -> None:
         s = hierarchical(damaged, [Demand(Collective.ALLREDUCE, ranks, 256 << 20)])
         assert verify(s).ok
         assert s.makespan <= healthy.makespan * 1.3, (s.makespan, healthy.makespan)
+
+
+def test_any_host_count_reduces_in_its_prime_factors() -> None:
+    assert hierarchy.radices(128) == (2,) * 7
+    assert hierarchy.radices(125) == (5, 5, 5) and hierarchy.radices(33) == (11, 3)
+    assert hierarchy.radices(38) == (3, 3, 2, 2)  # 19 > MAX_RADIX: 36 hosts, 2 fold in
+    assert hierarchy.radices(38, 38) == (19, 2)
+    odd = _allreduce("dgx-h100-12", size=256 << 20)  # 3 x 2 x 2
+    assert odd.meta["radices"] == [[3, 2, 2]] and verify(odd).ok
+    even = _allreduce("dgx-h100-16", size=256 << 20)
+    assert odd.makespan < even.makespan * 1.05  # no fold: about as fast as 16 hosts
