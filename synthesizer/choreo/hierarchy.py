@@ -39,6 +39,10 @@ LARGE_TENANT = 256  # ranks; larger AllReduce tenants on multi-GPU hosts use thi
 # keep it under one ConfigMap (1 MiB) with room to spare.
 MAX_HOST_STEPS = 7500
 MAX_SLICES = 8
+# Peers times slices of one rank: the lowering gives a rank about one threadblock per peer
+# and slice, up to 1.5 where it owns two parts (measured on 33-128 hosts); 80 stays within
+# the executor runtime's 127 depid targets.
+MAX_RANK_THREADBLOCKS = 80
 RAMPS = (2, 3)  # slice growth ratios tried at both ends of the pipeline
 CAPS = (1, 2, 3, 4, 8, 9)  # largest slice weights tried (1: equal slices)
 
@@ -90,6 +94,7 @@ class Shape:
     hosts: int
     gpus: int = 0
     levels: tuple[int, ...] = ()  # the rail phase's radices; default ``radices(hosts)``
+    owned: int = 1  # the most parts one rank owns (more than one where a host hands parts)
 
     @property
     def host_steps(self) -> int:
@@ -114,6 +119,12 @@ class Shape:
             scatter += [share] * (r - 1)
         fold = [1.0] if self.extra else []
         return fold + scatter + scatter[::-1] + fold
+
+    @property
+    def peers(self) -> int:
+        """Ranks one rank sends to or receives from: its host mates and its rail groups."""
+        rail = sum(r - 1 for r in self.radices) + (1 if self.extra else 0)
+        return self.host_steps + self.owned * rail
 
     def steps_per_host(self, weights: Sequence[int], ranks: int, chunks: int) -> int:
         """MSCCL steps of one host's ranks for these slices, at most: each send and its
@@ -171,7 +182,8 @@ def timeline(shape: Shape, weights: Sequence[int], part_bytes: float, host: Hop,
 def slicing(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
             chunks: int = 1, max_steps: int | None = None) -> tuple[int, ...]:
     """Slice weights with the earliest estimated end: one to ``MAX_SLICES`` slices (within
-    ``max_steps`` MSCCL steps per host, default ``MAX_HOST_STEPS``), equal or growing by a
+    ``max_steps`` MSCCL steps per host, default ``MAX_HOST_STEPS``, and a threadblock per
+    peer and slice within ``MAX_RANK_THREADBLOCKS``), equal or growing by a
     ramp ratio from both ends up to a cap, so the first reduce-scatter and the last
     all-gather, which nothing overlaps, stay short. ``chunks``: the chunks per piece asked
     for. The estimate is the simulator's own time where hosts are alike (``timeline``)."""
@@ -181,7 +193,8 @@ def slicing(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
               for k in range(1, MAX_SLICES + 1) for ramp in RAMPS for cap in CAPS}
     for w in sorted(shapes, key=lambda w: (len(w), w)):  # ties go to fewer slices
         per_piece = sum(w) * -(-chunks // sum(w))
-        if len(w) > 1 and shape.steps_per_host(w, ranks, per_piece) > budget:
+        if len(w) > 1 and (shape.steps_per_host(w, ranks, per_piece) > budget
+                           or len(w) * shape.peers > MAX_RANK_THREADBLOCKS):
             continue
         end = timeline(shape, w, part_bytes, host, rail).end
         if end < best[0] * (1 - 1e-9):
@@ -405,10 +418,13 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
             raise InputError(f"tenants[{t}]: the hierarchical plan needs an AllReduce over "
                              "several hosts with host/ names")
         railed = railed_ranks(fabric, d.ranks)
-        parts = len(owners_of(hosts, railed)[0])
+        slots, owners = owners_of(hosts, railed)
+        parts = len(slots)
+        owned = max(row.count(r) for row in owners for r in row)
         host, rail = hop_costs(fabric, view, hosts, d.ranks, d.size / parts, railed)
-        shape, weights = best_shape(Shape(parts, len(hosts), max(len(m) for m in hosts)),
-                                    d.size / parts, host, rail, d.n, d.chunks)
+        shape, weights = best_shape(
+            Shape(parts, len(hosts), max(len(m) for m in hosts), owned=owned),
+            d.size / parts, host, rail, d.n, d.chunks)
         d = replace(d, chunks=sum(weights) * -(-d.chunks // sum(weights)))
         planned.append(d)
         sliced.append(list(weights))
