@@ -15,17 +15,17 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from choreo_agents.backends import Backend, BackendError
 from choreo_agents.fit import FitError, fit_alpha_beta
 from choreo_agents.health import HealthMonitor, Hysteresis, State
 from choreo_agents.kube import ApiError
 from choreo_agents.metrics import AgentMetrics, Heartbeat
-from choreo_agents.model import DeviceKey, DeviceType, Fit, Inventory, LinkSpec, Peer
+from choreo_agents.model import Fit, Inventory, LinkSpec, Peer, failure_name
 from choreo_agents.publisher import PROBE_REQUEST, Publisher, now_rfc3339
 from choreo_agents.report import fabric_spec, link_healthy, significant, status_counts
 from choreo_agents.schedule import Backoff, ProbeSchedule
+from choreo_api import Condition, Device, NodeFabricSpec, NodeFabricStatus
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +91,12 @@ class Agent:
         self._probe: Future[_ProbeResult] | None = None
         self._reprobe: set[LinkId] = set()
         self._last_reprobe: dict[LinkId, float] = {}
-        self._degraded: set[DeviceKey] = set()
-        self.published: dict[str, Any] | None = None
+        self._degraded: set[Device] = set()
+        self.published: NodeFabricSpec | None = None
         self._status_dirty = False
         self._last_probe_time: str | None = None
         self._probe_ok: bool | None = None
-        self._conditions: dict[str, dict[str, str]] = {}
+        self._conditions: dict[str, Condition] = {}
         self._failures_loaded = publisher is None
         self._backoff = {
             name: Backoff(seed=hash((settings.node, name)) & 0xFFFF)
@@ -182,7 +182,7 @@ class Agent:
         self._backoff["health"].succeeded()
         sample = self.monitor.observe(self.inventory, raw, now)
         for t in self.hysteresis.update(sample, now):
-            self.metrics.transitions.labels(self.s.node, t.key.type.value, t.state.value).inc()
+            self.metrics.transitions.labels(self.s.node, t.key.type, t.state.value).inc()
             if t.state is State.BAD:
                 log.warning("%s failed: %s", t.key.label(), t.reason)
             else:
@@ -200,15 +200,15 @@ class Agent:
                 for counter, rate in rates.items():
                     self.metrics.link_errors.labels(*self._labels(link), counter).set(rate)
 
-    def _links_of(self, *keys: DeviceKey) -> list[LinkSpec]:
+    def _links_of(self, *keys: Device) -> list[LinkSpec]:
         assert self.inventory is not None
         wanted = set(keys)
         return [
             link
             for link in self.inventory.links
             if link.device in wanted
-            or (DeviceKey.of_gpu(link.src) in wanted)
-            or (link.peer.gpu is not None and DeviceKey.of_gpu(link.peer.gpu) in wanted)
+            or (Device.of_gpu(link.src) in wanted)
+            or (link.peer.gpu is not None and Device.of_gpu(link.peer.gpu) in wanted)
         ]
 
     def _queue_reprobe(self, links: Sequence[LinkSpec]) -> None:
@@ -297,7 +297,7 @@ class Agent:
             log.warning("could not clear the %s annotation: %s", PROBE_REQUEST, exc)
 
     # ---- publishing ----------------------------------------------------------------------
-    def spec(self) -> dict[str, Any]:
+    def spec(self) -> NodeFabricSpec:
         assert self.inventory is not None
         return fabric_spec(self.s.node, self.inventory, self.fits, self.hysteresis.bad())
 
@@ -313,7 +313,7 @@ class Agent:
         if self._failures_loaded:
             self._sync_failures(now)
 
-    def _write_fabric(self, now: float, spec: dict[str, Any]) -> None:
+    def _write_fabric(self, now: float, spec: NodeFabricSpec) -> None:
         assert self.publisher is not None
         backoff = self._backoff["fabric"]
         if not significant(self.published, spec, self.s.change_threshold) or not backoff.ready(now):
@@ -343,13 +343,10 @@ class Agent:
         if not self._status_dirty or self.published is None or not backoff.ready(now):
             return
         gpus, links = status_counts(self.published)
-        status: dict[str, Any] = {
-            "healthyGPUs": gpus,
-            "healthyLinks": links,
-            "conditions": self._status_conditions(),
-        }
-        if self._last_probe_time:
-            status["lastProbeTime"] = self._last_probe_time
+        status = NodeFabricStatus(
+            healthy_gpus=gpus, healthy_links=links, last_probe_time=self._last_probe_time,
+            conditions=self._status_conditions(),
+        )  # fmt: skip
         try:
             self.publisher.write_status(status)
         except WRITE_ERRORS as exc:
@@ -361,7 +358,7 @@ class Agent:
         self.metrics.api_writes.labels(self.s.node, "NodeFabricStatus", "ok").inc()
         self._status_dirty = False
 
-    def _status_conditions(self) -> list[dict[str, str]]:
+    def _status_conditions(self) -> tuple[Condition, ...]:
         bad = self.hysteresis.bad()
         if bad:
             shown = ", ".join(f"{k.label()} ({r})" for k, r in sorted(bad.items())[:10])
@@ -374,20 +371,17 @@ class Agent:
             measured = ("True", "ProbeSucceeded", f"{len(self.fits)} link(s) have measured values")
         else:
             measured = ("False", "ProbeFailed", "the last probe produced no fit; values kept")
-        return [self._condition("Healthy", *healthy), self._condition("Measured", *measured)]
+        return self._condition("Healthy", *healthy), self._condition("Measured", *measured)
 
-    def _condition(self, kind: str, status: str, reason: str, message: str) -> dict[str, str]:
+    def _condition(self, kind: str, status: str, reason: str, message: str) -> Condition:
         old = self._conditions.get(kind)
-        since = old["lastTransitionTime"] if old and old["status"] == status else now_rfc3339()
-        cond = {
-            "type": kind,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": since,
-        }
+        since = old.last_transition_time if old and old.status == status else now_rfc3339()
+        cond = Condition.model_validate(
+            {"type": kind, "status": status, "reason": reason, "message": message,
+             "lastTransitionTime": since}
+        )  # fmt: skip
         self._conditions[kind] = cond
-        return dict(cond)
+        return cond
 
     def _sync_failures(self, now: float) -> None:
         """Open a DeviceFailure per failed device, resolve the ones that recovered."""
@@ -409,14 +403,14 @@ class Agent:
                 self.metrics.api_writes.labels(self.s.node, "DeviceFailure", "error").inc()
                 log.error(
                     "DeviceFailure %s write rejected: %s (retry in %.1f s)",
-                    key.failure_name(self.s.node), exc, delay,
+                    failure_name(self.s.node, key), exc, delay,
                 )  # fmt: skip
                 return
             backoff.succeeded()
             self.metrics.api_writes.labels(self.s.node, "DeviceFailure", "ok").inc()
             log.info(
                 "DeviceFailure %s %s",
-                key.failure_name(self.s.node), f"opened: {reason}" if failed else "resolved",
+                failure_name(self.s.node, key), f"opened: {reason}" if failed else "resolved",
             )  # fmt: skip
 
     # ---- metrics -------------------------------------------------------------------------
@@ -437,5 +431,5 @@ class Agent:
             if fit:
                 self.metrics.link_fit_error.labels(*labels).set(fit.relative_error)
         for gpu in self.inventory.gpus:
-            key = DeviceKey(DeviceType.GPU, gpu=gpu.index)
+            key = Device.of_gpu(gpu.index)
             self.metrics.gpu_healthy.labels(self.s.node, str(gpu.index)).set(0 if key in bad else 1)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from choreo_agents.backends import COUNTERS, RawHealth
-from choreo_agents.model import DeviceKey, HealthSample, Inventory
+from choreo_agents.model import HealthSample, Inventory
+from choreo_api import Device
 
 FATAL_XIDS = {
     48: "double-bit ECC error",
@@ -45,15 +46,15 @@ class HealthMonitor:
     ) -> None:
         self.thresholds = dict(DEFAULT_THRESHOLDS, **(thresholds or {}))
         self.xid_hold = xid_hold
-        self._prev: dict[DeviceKey, tuple[float, dict[str, float]]] = {}
-        self._xid_until: dict[DeviceKey, tuple[float, str]] = {}
-        self.rates: dict[DeviceKey, dict[str, float]] = {}
+        self._prev: dict[Device, tuple[float, dict[str, float]]] = {}
+        self._xid_until: dict[Device, tuple[float, str]] = {}
+        self.rates: dict[Device, dict[str, float]] = {}
 
     def observe(self, inventory: Inventory, raw: RawHealth, now: float) -> HealthSample:
         sample = HealthSample()
         for gpu in inventory.gpus:
             present = raw.gpu_present.get(gpu.index, True)
-            sample.mark(DeviceKey.of_gpu(gpu.index), not present, "" if present else "GPU is lost")
+            sample.mark(Device.of_gpu(gpu.index), not present, "" if present else "GPU is lost")
         for gpu_index, code in raw.xids:
             self._xid(inventory, gpu_index, code, now)
         for key, (until, reason) in list(self._xid_until.items()):
@@ -72,20 +73,20 @@ class HealthMonitor:
             if key in raw.counters:
                 self._counter_check(sample, key, raw.counters[key], now)
         for name, up in raw.nic_up.items():
-            sample.mark(DeviceKey.of_nic(name), not up, "" if up else "port not ACTIVE")
+            sample.mark(Device.of_nic(name), not up, "" if up else "port not ACTIVE")
         return sample
 
     def _xid(self, inventory: Inventory, gpu: int, code: int, now: float) -> None:
         until = now + self.xid_hold
         if code in FATAL_XIDS and 0 <= gpu < len(inventory.gpus):
-            self._xid_until[DeviceKey.of_gpu(gpu)] = (until, f"XID {code}: {FATAL_XIDS[code]}")
+            self._xid_until[Device.of_gpu(gpu)] = (until, f"XID {code}: {FATAL_XIDS[code]}")
         elif code in NVLINK_XIDS:
             for link in inventory.links:
                 if link.src == gpu and link.kind in ("nvlink", "nvswitch"):
                     self._xid_until[link.device] = (until, f"XID {code}: {NVLINK_XIDS[code]}")
 
     def _counter_check(
-        self, sample: HealthSample, key: DeviceKey, counters: dict[str, float], now: float
+        self, sample: HealthSample, key: Device, counters: dict[str, float], now: float
     ) -> None:
         prev = self._prev.get(key)
         self._prev[key] = (now, dict(counters))
@@ -121,7 +122,7 @@ class _Track:
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    key: DeviceKey
+    key: Device
     state: State
     reason: str
 
@@ -132,24 +133,24 @@ class Hysteresis:
     recover_after: float = 30.0
     max_hold: float = 600.0
     flap_window: float = 600.0
-    _tracks: dict[DeviceKey, _Track] = field(default_factory=dict)
+    _tracks: dict[Device, _Track] = field(default_factory=dict)
 
-    def seed_bad(self, keys: Iterable[DeviceKey], now: float, reason: str = "") -> None:
+    def seed_bad(self, keys: Iterable[Device], now: float, reason: str = "") -> None:
         """Start these devices failed (failures reported before a restart stay until healed)."""
         for key in keys:
             self._tracks[key] = _Track(
                 State.BAD, self.fail_after, None, self.recover_after, now, reason
             )
 
-    def state(self, key: DeviceKey) -> State:
+    def state(self, key: Device) -> State:
         track = self._tracks.get(key)
         return track.state if track else State.GOOD
 
-    def reason(self, key: DeviceKey) -> str:
+    def reason(self, key: Device) -> str:
         track = self._tracks.get(key)
         return track.reason if track else ""
 
-    def bad(self) -> dict[DeviceKey, str]:
+    def bad(self) -> dict[Device, str]:
         return {k: t.reason for k, t in self._tracks.items() if t.state is State.BAD}
 
     def update(self, sample: HealthSample, now: float) -> list[Transition]:

@@ -2,24 +2,20 @@
 
 Every backend (NVML, simulated) produces these types, and the reporting code turns them into
 the ``NodeFabric`` spec, so the operator sees one shape whatever discovered the hardware.
+Whatever can fail is named by the API's ``Device``, as its DeviceFailure will name it.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-
-class DeviceType(StrEnum):
-    GPU = "gpu"
-    LINK = "link"
-    NIC = "nic"
+from choreo_api import Device
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class Peer:
-    """The far end of a link out of a GPU: exactly one of gpu, switch, nic."""
+    """The far end of a discovered link out of a GPU: exactly one of gpu, switch, nic."""
 
     gpu: int | None = None
     switch: str | None = None
@@ -39,42 +35,9 @@ class Peer:
         return f"nic:{self.nic}"
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class DeviceKey:
-    """One thing that can fail: a GPU, a link (GPU to peer, both directions) or a NIC."""
-
-    type: DeviceType
-    gpu: int | None = None
-    peer: Peer | None = None
-    nic: str | None = None
-
-    @staticmethod
-    def of_gpu(index: int) -> DeviceKey:
-        return DeviceKey(DeviceType.GPU, gpu=index)
-
-    @staticmethod
-    def of_nic(name: str) -> DeviceKey:
-        return DeviceKey(DeviceType.NIC, nic=name)
-
-    @staticmethod
-    def of_link(src: int, peer: Peer) -> DeviceKey:
-        """A GPU-GPU cable is one device whichever end names it: the lower index goes first."""
-        if peer.gpu is not None and peer.gpu < src:
-            return DeviceKey(DeviceType.LINK, gpu=peer.gpu, peer=Peer(gpu=src))
-        return DeviceKey(DeviceType.LINK, gpu=src, peer=peer)
-
-    def label(self) -> str:
-        if self.type is DeviceType.GPU:
-            return f"gpu{self.gpu}"
-        if self.type is DeviceType.NIC:
-            return f"nic-{self.nic}"
-        assert self.peer is not None
-        far = self.peer.gpu if self.peer.gpu is not None else (self.peer.switch or self.peer.nic)
-        return f"link-{self.gpu}-{far}"
-
-    def failure_name(self, node: str) -> str:
-        """Deterministic DeviceFailure name, e.g. ``node-a-gpu3`` or ``node-a-link-1-5``."""
-        return dns_name(f"{node}-{self.label()}")
+def failure_name(node: str, device: Device) -> str:
+    """Deterministic DeviceFailure name, e.g. ``node-a-gpu3`` or ``node-a-link-1-5``."""
+    return dns_name(f"{node}-{device.label()}")
 
 
 _DNS_BAD = re.compile(r"[^a-z0-9.-]+")
@@ -116,8 +79,9 @@ class LinkSpec:
     alpha: float = 0.0
 
     @property
-    def device(self) -> DeviceKey:
-        return DeviceKey.of_link(self.src, self.peer)
+    def device(self) -> Device:
+        peer = self.peer
+        return Device.link(self.src, gpu=peer.gpu, switch=peer.switch, nic=peer.nic)
 
     @property
     def label(self) -> str:
@@ -179,10 +143,10 @@ class Observation:
 class HealthSample:
     """Everything a health poll saw: device observations plus raw counters for metrics."""
 
-    observations: dict[DeviceKey, Observation] = field(default_factory=dict)
-    degraded: set[DeviceKey] = field(default_factory=set)
+    observations: dict[Device, Observation] = field(default_factory=dict)
+    degraded: set[Device] = field(default_factory=set)
 
-    def mark(self, key: DeviceKey, bad: bool, reason: str = "") -> None:
+    def mark(self, key: Device, bad: bool, reason: str = "") -> None:
         """Record a reading; a bad reading wins over a good one for the same device."""
         old = self.observations.get(key)
         if old is not None and old.bad and not bad:

@@ -11,15 +11,26 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Any
 
 from choreo_agents.kube import ApiError, KubeApi
-from choreo_agents.model import DeviceKey, DeviceType, Peer
+from choreo_agents.model import failure_name
+from choreo_api import (
+    API_VERSION,
+    NODE_LABEL,
+    Device,
+    DeviceFailure,
+    DeviceFailureSpec,
+    NodeFabric,
+    NodeFabricSpec,
+    NodeFabricStatus,
+    ObjectMeta,
+    OwnerReference,
+    ValidationError,
+    problem,
+)
 
 log = logging.getLogger(__name__)
 
-GROUP = "choreo.dev/v1alpha1"
-NODE_LABEL = "choreo.dev/node"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "choreo-agent"}
 PROBE_REQUEST = "choreo.dev/probe-requested"
 """Annotation on a NodeFabric asking its agent to re-measure now (any value)."""
@@ -27,40 +38,6 @@ PROBE_REQUEST = "choreo.dev/probe-requested"
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def device_doc(key: DeviceKey) -> dict[str, Any]:
-    """DeviceFailure ``spec.device`` for a device key."""
-    doc: dict[str, Any] = {"type": key.type.value}
-    if key.gpu is not None:
-        doc["gpu"] = key.gpu
-    if key.type is DeviceType.NIC:
-        doc["nic"] = key.nic
-    if key.peer is not None:
-        if key.peer.gpu is not None:
-            doc["peerGPU"] = key.peer.gpu
-        elif key.peer.switch is not None:
-            doc["switch"] = key.peer.switch
-        else:
-            doc["nic"] = key.peer.nic
-    return doc
-
-
-def device_key(doc: dict[str, Any]) -> DeviceKey | None:
-    """The inverse of ``device_doc``; None for shapes this agent does not write."""
-    kind = doc.get("type")
-    if kind == "gpu" and isinstance(doc.get("gpu"), int):
-        return DeviceKey.of_gpu(doc["gpu"])
-    if kind == "nic" and doc.get("nic"):
-        return DeviceKey.of_nic(doc["nic"])
-    if kind == "link" and isinstance(doc.get("gpu"), int):
-        if isinstance(doc.get("peerGPU"), int):
-            return DeviceKey.of_link(doc["gpu"], Peer(gpu=doc["peerGPU"]))
-        if doc.get("switch"):
-            return DeviceKey.of_link(doc["gpu"], Peer(switch=doc["switch"]))
-        if doc.get("nic"):
-            return DeviceKey.of_link(doc["gpu"], Peer(nic=doc["nic"]))
-    return None
 
 
 class Publisher:
@@ -77,20 +54,20 @@ class Publisher:
         self.namespace = namespace
         self.pod = pod
         self.pod_uid = pod_uid
-        self.fabric_path = f"/apis/{GROUP}/namespaces/{namespace}/nodefabrics/{node}"
-        self._owner: list[dict[str, Any]] | None = None
+        self.fabric_path = f"/apis/{API_VERSION}/namespaces/{namespace}/nodefabrics/{node}"
+        self._owner: tuple[OwnerReference, ...] | None = None
         self._exists = False
         self.generation = 0
-        self.failures: dict[DeviceKey, bool] = {}
+        self.failures: dict[Device, bool] = {}
         """Device -> resolved, as last read or written."""
 
     # ---- NodeFabric -------------------------------------------------------------------------
-    def owner_references(self) -> list[dict[str, Any]]:
+    def owner_references(self) -> tuple[OwnerReference, ...]:
         """A reference to the agent's Pod (UID from the downward API, else read from the Pod)."""
         if self._owner is not None:
             return self._owner
         if self.pod is None:
-            self._owner = []
+            self._owner = ()
             return self._owner
         name, namespace = self.pod
         uid = (
@@ -102,30 +79,27 @@ class Publisher:
                 "pod %s/%s is not in namespace %s; NodeFabric gets no owner (cross-namespace "
                 "owners are not allowed)", namespace, name, self.namespace,
             )  # fmt: skip
-            self._owner = []
+            self._owner = ()
         else:
-            self._owner = [
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": name,
-                    "uid": uid,
-                    "controller": True,
-                    "blockOwnerDeletion": False,
-                }
-            ]
+            self._owner = (
+                OwnerReference(
+                    api_version="v1", kind="Pod", name=name, uid=uid, controller=True,
+                    block_owner_deletion=False,
+                ),
+            )  # fmt: skip
         return self._owner
 
-    def write_fabric(self, spec: dict[str, Any]) -> None:
+    def write_fabric(self, spec: NodeFabricSpec) -> None:
         """Create the NodeFabric, or patch its spec (and owner) if it exists."""
-        metadata = {
-            "name": self.node,
-            "namespace": self.namespace,
-            "labels": {NODE_LABEL: self.node, **MANAGED_BY},
-            "ownerReferences": self.owner_references(),
-        }
+        body = NodeFabric(
+            metadata=ObjectMeta(
+                name=self.node, namespace=self.namespace,
+                labels={NODE_LABEL: self.node, **MANAGED_BY},
+                owner_references=self.owner_references(),
+            ),
+            spec=spec,
+        ).dump()  # fmt: skip
         if not self._exists:
-            body = {"apiVersion": GROUP, "kind": "NodeFabric", "metadata": metadata, "spec": spec}
             try:
                 obj = self.api.create(self.fabric_path.rsplit("/", 1)[0], body)
                 self._exists = True
@@ -135,7 +109,9 @@ class Publisher:
                 if exc.status != 409:
                     raise
                 self._exists = True  # left by an earlier agent: take it over below
-        patch = {"metadata": {k: metadata[k] for k in ("labels", "ownerReferences")}, "spec": spec}
+        meta = body["metadata"]
+        patch = {"metadata": {k: meta[k] for k in ("labels", "ownerReferences")},
+                 "spec": body["spec"]}  # fmt: skip
         try:
             obj = self.api.merge_patch(self.fabric_path, patch)
         except ApiError as exc:
@@ -144,59 +120,62 @@ class Publisher:
             raise
         self.generation = int(obj["metadata"].get("generation", 0))
 
-    def write_status(self, status: dict[str, Any]) -> None:
-        body = {"status": {**status, "observedGeneration": self.generation}}
-        for cond in body["status"].get("conditions", []):
-            cond["observedGeneration"] = self.generation
-        self.api.merge_patch(self.fabric_path + "/status", body)
+    def write_status(self, status: NodeFabricStatus) -> None:
+        conditions = tuple(
+            c.model_copy(update={"observed_generation": self.generation})
+            for c in status.conditions or ()
+        )
+        status = status.model_copy(
+            update={"observed_generation": self.generation, "conditions": conditions}
+        )
+        self.api.merge_patch(self.fabric_path + "/status", {"status": status.dump()})
 
     def clear_probe_request(self) -> None:
         self.api.merge_patch(self.fabric_path, {"metadata": {"annotations": {PROBE_REQUEST: None}}})
 
     # ---- DeviceFailure ----------------------------------------------------------------------
-    def load_failures(self) -> dict[DeviceKey, str]:
+    def load_failures(self) -> dict[Device, str]:
         """This node's agent-written failures; returns the unresolved ones with reasons."""
         items = self.api.get(
-            f"/apis/{GROUP}/devicefailures?labelSelector={NODE_LABEL}%3D{self.node}"
+            f"/apis/{API_VERSION}/devicefailures?labelSelector={NODE_LABEL}%3D{self.node}"
         )["items"]
-        open_ones: dict[DeviceKey, str] = {}
+        open_ones: dict[Device, str] = {}
         for item in items:
-            spec = item.get("spec", {})
-            key = device_key(spec.get("device", {}))
-            if key is None or spec.get("source") != "agent" or spec.get("node") != self.node:
+            try:
+                spec = DeviceFailure.model_validate(item).spec
+            except ValidationError as err:
+                name = (item.get("metadata") or {}).get("name")
+                log.warning("DeviceFailure %s is not usable: %s", name, problem(err))
                 continue
-            resolved = bool(spec.get("resolved", False))
-            self.failures[key] = resolved
-            if not resolved:
-                open_ones[key] = str(spec.get("reason", ""))
+            if spec.source != "agent" or spec.node != self.node:
+                continue
+            self.failures[spec.device] = spec.resolved
+            if not spec.resolved:
+                open_ones[spec.device] = spec.reason or ""
         return open_ones
 
-    def write_failure(self, key: DeviceKey, failed: bool, reason: str) -> None:
+    def write_failure(self, key: Device, failed: bool, reason: str) -> None:
         """Open (or re-open) a failure, or mark it resolved."""
-        name = key.failure_name(self.node)
-        path = f"/apis/{GROUP}/devicefailures/{name}"
+        name = failure_name(self.node, key)
+        path = f"/apis/{API_VERSION}/devicefailures/{name}"
+        spec = DeviceFailureSpec(
+            node=self.node, device=key, reason=reason[:1024], source="agent", resolved=not failed
+        )
         if failed:
-            body = {
-                "apiVersion": GROUP,
-                "kind": "DeviceFailure",
-                "metadata": {"name": name, "labels": {NODE_LABEL: self.node, **MANAGED_BY}},
-                "spec": {
-                    "node": self.node,
-                    "device": device_doc(key),
-                    "reason": reason[:1024],
-                    "source": "agent",
-                    "resolved": False,
-                },
-            }
+            body = DeviceFailure(
+                metadata=ObjectMeta(name=name, labels={NODE_LABEL: self.node, **MANAGED_BY}),
+                spec=spec,
+            ).dump()
             try:
-                self.api.create(f"/apis/{GROUP}/devicefailures", body)
+                self.api.create(f"/apis/{API_VERSION}/devicefailures", body)
             except ApiError as exc:
                 if exc.status != 409:
                     raise
-                self.api.merge_patch(path, {"spec": {"resolved": False, "reason": reason[:1024]}})
+                reopen = spec.model_dump(include={"resolved", "reason"})
+                self.api.merge_patch(path, {"spec": reopen})
         else:
             try:
-                self.api.merge_patch(path, {"spec": {"resolved": True}})
+                self.api.merge_patch(path, {"spec": spec.model_dump(include={"resolved"})})
             except ApiError as exc:
                 if exc.status != 404:  # deleted by someone: nothing left to resolve
                     raise

@@ -10,8 +10,9 @@ import logging
 import threading
 
 from choreo_agents.kube import ApiError, KubeApi
-from choreo_agents.publisher import GROUP, PROBE_REQUEST
+from choreo_agents.publisher import PROBE_REQUEST
 from choreo_agents.schedule import Backoff
+from choreo_api import API_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +21,7 @@ class RequestWatcher:
     def __init__(self, api: KubeApi, node: str, namespace: str, requested: threading.Event) -> None:
         self.api = api
         self.node = node
-        self.path = f"/apis/{GROUP}/namespaces/{namespace}/nodefabrics"
+        self.path = f"/apis/{API_VERSION}/namespaces/{namespace}/nodefabrics"
         self.requested = requested
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="probe-requests", daemon=True)

@@ -37,23 +37,30 @@ def read_inputs(client: KubeClient) -> Inputs:
     """Everything the operator indexes, parsed the way the operator parses it. FabricTopology
     sources are resolved without the operator's memory of earlier rounds: while a source is
     inconsistent this view leaves out the nodes the operator keeps where they were."""
-    nfs = [model.node_fabric_spec(b) for b in items(client, f"{GROUP}/nodefabrics")]
+    invalid: list[model.Invalid] = []
+
+    def valid(values: list[Any]) -> list[Any]:
+        invalid.extend(v for v in values if isinstance(v, model.Invalid))
+        return [v for v in values if not isinstance(v, model.Invalid)]
+
+    nfs = valid([model.node_fabric(b) for b in items(client, f"{GROUP}/nodefabrics")])
     nodes = {n.name: n for n in (model.node_info(b) for b in items(client, "/api/v1/nodes"))}
-    fabrics = [model.fabric_spec(b) for b in items(client, f"{GROUP}/fabrictopologies")]
-    if any(f.source is not None for f in fabrics):
-        fabrics = sources.Resolver().resolve_all(
-            fabrics, nodes,
-            [model.kueue_topology(b) for b in served_items(client, "kueue.x-k8s.io",
-                                                           "topologies")],
-            [model.hyper_node(b) for b in served_items(client, "topology.volcano.sh",
-                                                       "hypernodes")])
+    fabrics = valid([model.fabric_topology(b) for b in items(client, f"{GROUP}/fabrictopologies")])
+    resolved = sources.Resolver().resolve_all(
+        fabrics, nodes,
+        [model.kueue_topology(b) for b in served_items(client, "kueue.x-k8s.io", "topologies")]
+        if any(f.spec.source is not None for f in fabrics) else [],
+        [model.hyper_node(b) for b in served_items(client, "topology.volcano.sh", "hypernodes")]
+        if any(f.spec.source is not None for f in fabrics) else [])
     return Inputs(
-        fabrics=fabrics,
-        node_fabrics={nf.node: nf for nf in nfs},
-        failures=[model.device_failure_spec(b) for b in items(client, f"{GROUP}/devicefailures")],
+        fabrics=[ft for ft, _ in resolved],
+        node_fabrics={nf.node_name: nf for nf in nfs},
+        failures=valid([model.device_failure(b) for b in items(client, f"{GROUP}/devicefailures")]),
         nodes=nodes,
-        jobs=[model.job_spec(b) for b in items(client, f"{GROUP}/collectivejobs")],
+        jobs=valid([model.job(b) for b in items(client, f"{GROUP}/collectivejobs")]),
         pods=[model.pod_info(b) for b in items(client, "/api/v1/pods")],
+        notes={ft.name: notes for ft, notes in resolved if notes},
+        invalid=invalid,
     )
 
 
@@ -97,7 +104,7 @@ def expected(client: KubeClient, settings: Settings | None = None) -> Expected:
     inputs = read_inputs(client)
     planner = Reconciler(lambda: inputs, _NoApi(), _NoSynth(), settings)
     fabric, _ = planner.fabric(inputs)
-    jobs = [j for j in inputs.jobs if not j.deleting]
+    jobs = [j for j in inputs.jobs if j.metadata.deletion_timestamp is None]
     placements = place(jobs, inputs.pods, fabric)
     blocked: dict[str, tuple[str, str, str]] = {}
     plans: dict[str, GroupPlan] = {}

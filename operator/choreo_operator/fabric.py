@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from choreo import generators
 from choreo.errors import InputError
 from choreo.topology import Link, NodeKind, Topology
-from choreo_operator.model import DeviceFailureSpec, FabricSpec, NodeFabricSpec
+from choreo_api import DeviceFailure, FabricNode, FabricTopology, IntraNode, NodeFabricSpec
 
 Ref = tuple[str, int | str]  # ("gpu", local index) or ("sw", local switch name)
 
@@ -98,9 +98,10 @@ def _local_name(name: str) -> str:
     return name.split("/", 1)[1] if "/" in name else name
 
 
-def preset_model(spec: FabricSpec) -> LocalModel:
+def preset_model(ft: FabricTopology) -> LocalModel:
     """The node model of ``spec.intraNode``, built by the matching generator."""
-    topo = _preset_topology(spec.preset, spec.gpus, spec.intra_bandwidth, spec.intra_alpha)
+    intra = ft.spec.intra_node or IntraNode()
+    topo = _preset_topology(intra.preset, intra.gpus, intra.bandwidth, intra.alpha)
     npus = topo.all_npus
     model = LocalModel(gpus=tuple(range(len(npus))))
     refs: dict[int, Ref] = {v: ("gpu", i) for i, v in enumerate(npus)}
@@ -124,7 +125,7 @@ def _dedicated_nics(nf: NodeFabricSpec, known: set[int]) -> dict[str, int]:
             users.setdefault(lk.dst_nic, set()).add(lk.src)
     out = {name: next(iter(gpus)) for name, gpus in users.items() if len(gpus) == 1}
     for nic in nf.nics:
-        if nic.name not in users and nic.nearest_gpu in known:
+        if nic.name not in users and nic.nearest_gpu is not None and nic.nearest_gpu in known:
             out[nic.name] = nic.nearest_gpu
     return out
 
@@ -151,11 +152,12 @@ def agent_model(nf: NodeFabricSpec) -> LocalModel:
         if lk.src not in known:
             continue
         src: Ref = ("gpu", lk.src)
+        alpha = lk.alpha or 0.0
         if lk.dst_gpu is not None:
             if lk.dst_gpu not in known:
                 continue
             for _ in range(lk.count):
-                model.links.append((src, ("gpu", lk.dst_gpu), lk.alpha, lk.bandwidth, lk.kind,
+                model.links.append((src, ("gpu", lk.dst_gpu), alpha, lk.bandwidth, lk.kind,
                                     lk.healthy))
             continue
         name = lk.dst_switch if lk.dst_switch is not None else lk.dst_nic
@@ -171,8 +173,8 @@ def agent_model(nf: NodeFabricSpec) -> LocalModel:
             linked_nics.add(name)
         healthy = lk.healthy and nic_health.get(name, True)
         for _ in range(lk.count):
-            model.links.append((src, ("sw", name), lk.alpha / 2, lk.bandwidth, lk.kind, healthy))
-            model.links.append((("sw", name), src, lk.alpha / 2, lk.bandwidth, lk.kind, healthy))
+            model.links.append((src, ("sw", name), alpha / 2, lk.bandwidth, lk.kind, healthy))
+            model.links.append((("sw", name), src, alpha / 2, lk.bandwidth, lk.kind, healthy))
     for r, nic in enumerate(nf.nics):
         rail = nic.rail if nic.rail is not None else r
         model.nic_names[nic.name] = rail
@@ -185,7 +187,8 @@ def agent_model(nf: NodeFabricSpec) -> LocalModel:
             continue
         if nic.name not in model.switches:
             model.switches.append(nic.name)
-        if nic.name not in linked_nics and nic.nearest_gpu in known:
+        if nic.name not in linked_nics and nic.nearest_gpu is not None \
+                and nic.nearest_gpu in known:
             bw = nic.bandwidth or 25e9
             g: Ref = ("gpu", nic.nearest_gpu)
             model.links.append((g, ("sw", nic.name), 0.0, bw, "pcie", nic.healthy))
@@ -263,64 +266,76 @@ class BaseFabric:
     blocks: Mapping[str, str] = field(default_factory=dict)  # node -> block
 
 
-def build_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec],
-                 failures: Iterable[DeviceFailureSpec] = (),
-                 down_nodes: Iterable[str] = ()) -> Fabric:
+def build_fabric(ft: FabricTopology, node_fabrics: Mapping[str, NodeFabricSpec],
+                 failures: Iterable[DeviceFailure] = (), down_nodes: Iterable[str] = (),
+                 notes: Sequence[str] = ()) -> Fabric:
     """The live fabric: every unresolved failure and every down node applied."""
-    return apply_failures(base_fabric(spec, node_fabrics), failures, down_nodes)
+    return apply_failures(base_fabric(ft, node_fabrics, notes), failures, down_nodes)
 
 
-def base_fabric(spec: FabricSpec, node_fabrics: Mapping[str, NodeFabricSpec]) -> BaseFabric:
-    notes: list[str] = list(spec.notes)
+def fabric_nodes(ft: FabricTopology) -> tuple[FabricNode, ...]:
+    """The nodes in fabric order (``model.fabric_topology`` sorts them by position)."""
+    return ft.spec.nodes or ()
+
+
+def base_fabric(ft: FabricTopology, node_fabrics: Mapping[str, NodeFabricSpec],
+                notes: Sequence[str] = ()) -> BaseFabric:
+    """``notes``: what is wrong with the inputs (a source's inconsistencies), for the Ready
+    condition with the problems found here."""
+    problems: list[str] = list(notes)
+    nodes = fabric_nodes(ft)
+    inter = ft.spec.inter_node
     seen_positions: dict[int, str] = {}
-    for name, pos in spec.nodes:
-        if pos in seen_positions:
-            notes.append(f"nodes {seen_positions[pos]} and {name} share position {pos}")
-        seen_positions.setdefault(pos, name)
-    preset = preset_model(spec)
+    for n in nodes:
+        if n.position in seen_positions:
+            problems.append(f"nodes {seen_positions[n.position]} and {n.name} share position "
+                            f"{n.position}")
+        seen_positions.setdefault(n.position, n.name)
+    preset = preset_model(ft)
     models: dict[str, LocalModel] = {}
-    for name, _ in spec.nodes:
-        nf = node_fabrics.get(name)
+    for n in nodes:
+        nf = node_fabrics.get(n.name)
         model = agent_model(nf) if nf is not None and nf.gpus else _copy(preset)
-        if spec.inter_type in ("rail", "switch"):
-            rails = spec.rails or (len(model.gpus) if spec.inter_type == "switch" else 1)
-            _default_rails(model, rails, spec.inter_bandwidth)
-        models[name] = model
+        if inter.type in ("rail", "switch"):
+            rails = inter.rails or (len(model.gpus) if inter.type == "switch" else 1)
+            _default_rails(model, rails, inter.bandwidth)
+        models[n.name] = model
 
     b = _Builder()
     gpu_ids: dict[tuple[str, int], int] = {}
     node_gpus: dict[str, tuple[int, ...]] = {}
-    for name, _ in spec.nodes:
+    names = [n.name for n in nodes]
+    for name in names:
         ids = []
         for g in models[name].gpus:
             gpu_ids[(name, g)] = b.node(f"{name}/gpu{g}", NodeKind.NPU)
             ids.append(gpu_ids[(name, g)])
         node_gpus[name] = tuple(ids)
-    for name, _ in spec.nodes:
+    for name in names:
         for sw in models[name].switches:
             b.node(f"{name}/{sw}", NodeKind.SWITCH)
-    for name, _ in spec.nodes:
+    for name in names:
         for src, dst, alpha, bw, kind, healthy in models[name].links:
             b.links.append(Link(b.ids[_ref_name(name, src)], b.ids[_ref_name(name, dst)], alpha,
                                 bw, kind, healthy))
-    _inter_node(spec, models, b, notes)
+    _inter_node(ft, models, b, problems)
     if len(b.ids) != len(b.names):
         clash = sorted({n for n in b.names if b.names.count(n) > 1})
-        notes.append(f"fabric names used twice (a block named like a node or 'spine'?): "
-                     f"{', '.join(clash[:5])}")
-    failed = frozenset(gpu_ids[(name, g)] for name, _ in spec.nodes
+        problems.append(f"fabric names used twice (a block named like a node or 'spine'?): "
+                        f"{', '.join(clash[:5])}")
+    failed = frozenset(gpu_ids[(name, g)] for name in names
                        for g in models[name].failed_gpus if (name, g) in gpu_ids)
-    topo = Topology(name=spec.name, kinds=tuple(b.kinds), links=tuple(b.links),
+    topo = Topology(name=ft.metadata.name, kinds=tuple(b.kinds), links=tuple(b.links),
                     failed=frozenset(), names=tuple(b.names))
     try:
         topo.validate("fabric")  # failures change health only, so the live fabric is valid too
     except InputError as err:
-        notes.append(str(err))
-    return BaseFabric(topo, b.ids, models, gpu_ids, node_gpus, failed, tuple(notes),
-                      dict(spec.blocks))
+        problems.append(str(err))
+    return BaseFabric(topo, b.ids, models, gpu_ids, node_gpus, failed, tuple(problems),
+                      {n.name: n.block for n in nodes if n.block})
 
 
-def apply_failures(base: BaseFabric, failures: Iterable[DeviceFailureSpec] = (),
+def apply_failures(base: BaseFabric, failures: Iterable[DeviceFailure] = (),
                    down_nodes: Iterable[str] = ()) -> Fabric:
     topo = base.topology
     failed = set(base.failed)
@@ -329,12 +344,12 @@ def apply_failures(base: BaseFabric, failures: Iterable[DeviceFailureSpec] = (),
     problems: dict[str, str] = {}
     bad_links: set[int] = set()
     for f in failures:
-        if f.resolved:
+        if f.spec.resolved:
             continue
         found = _apply_failure(f, topo, base.ids, base.models, failed, bad_links,
-                               base.blocks.get(f.node, ""))
+                               base.blocks.get(f.spec.node, ""))
         if found:
-            problems[f.name] = found
+            problems[f.metadata.name] = found
     final = topo.with_health(frozenset(failed), bad_links)
     return Fabric(final, base.gpu_ids, base.node_gpus, problems, base.notes)
 
@@ -344,19 +359,21 @@ def _copy(model: LocalModel) -> LocalModel:
                       dict(model.rails), dict(model.nic_names), set(model.down_rails))
 
 
-def _inter_node(spec: FabricSpec, models: Mapping[str, LocalModel], b: _Builder,
+def _inter_node(ft: FabricTopology, models: Mapping[str, LocalModel], b: _Builder,
                 notes: list[str]) -> None:
-    names = [n for n, _ in spec.nodes]
-    if spec.inter_type == "none" or len(names) < 2:
+    nodes = fabric_nodes(ft)
+    inter = ft.spec.inter_node
+    names = [n.name for n in nodes]
+    if inter.type == "none" or len(names) < 2:
         return
-    alpha, bw = spec.inter_alpha, spec.inter_bandwidth
-    if spec.inter_type == "torus":
-        dims = spec.dims or (len(names),)
+    alpha, bw = inter.alpha, inter.bandwidth
+    if inter.type == "torus":
+        dims = inter.dims or (len(names),)
         size = 1
         for d in dims:
             size *= d
-        at = {pos: name for name, pos in spec.nodes if pos < size}
-        for name, pos in spec.nodes:
+        at = {n.position: n.name for n in nodes if n.position < size}
+        for name, pos in ((n.name, n.position) for n in nodes):
             if pos >= size:
                 notes.append(f"node {name}: position {pos} is outside the torus {dims}")
                 continue
@@ -376,15 +393,15 @@ def _inter_node(spec: FabricSpec, models: Mapping[str, LocalModel], b: _Builder,
                     b.duplex(b.ids[f"{name}/gpu{g}"], b.ids[f"{other}/gpu{g}"], alpha, bw,
                              "optical")
         return
-    blocks = dict(spec.blocks)
+    blocks = {n.name: n.block for n in nodes if n.block}
     leaves: dict[tuple[int, str], int] = {}  # (rail or 0, block) -> leaf switch
     labels: dict[int, str] = {}
     ports: dict[tuple[int, str], float] = {}  # the bandwidth of a leaf's node ports
     for name in names:
         block = blocks.get(name, "")
         for rail, (ref, port_bw) in sorted(models[name].rails.items()):
-            key = 0 if spec.inter_type == "switch" else rail
-            label = labels.setdefault(key, "fabric-switch" if spec.inter_type == "switch"
+            key = 0 if inter.type == "switch" else rail
+            label = labels.setdefault(key, "fabric-switch" if inter.type == "switch"
                                       else f"rail{rail}")
             leaf = leaves.get((key, block))
             if leaf is None:
@@ -393,10 +410,7 @@ def _inter_node(spec: FabricSpec, models: Mapping[str, LocalModel], b: _Builder,
             b.links.append(Link(end, leaf, alpha / 2, port_bw or bw, "ib", up))
             b.links.append(Link(leaf, end, alpha / 2, port_bw or bw, "ib", up))
             ports[(key, block)] = ports.get((key, block), 0.0) + (port_bw or bw)
-    ratio = spec.spine_oversubscription
-    if ratio <= 0:
-        notes.append(f"interNode.spineOversubscription {ratio} is not positive: using 1")
-        ratio = 1.0
+    ratio = inter.spine_oversubscription or 1.0
     for key, label in labels.items():
         under = [(block, leaf) for (k, block), leaf in leaves.items() if k == key]
         if len(under) < 2:
@@ -411,54 +425,54 @@ def _leaf_name(block: str, label: str) -> str:
     return f"{block}/{label}" if block else label
 
 
-def _apply_failure(f: DeviceFailureSpec, topo: Topology, ids: Mapping[str, int],
+def _apply_failure(f: DeviceFailure, topo: Topology, ids: Mapping[str, int],
                    models: Mapping[str, LocalModel], failed: set[int],
                    bad_links: set[int], block: str = "") -> str | None:
     """Mark what ``f`` names as failed; return why it names nothing, or None. ``block`` is
     the node's block: its NICs plug into that block's leaf switches."""
-    model = models.get(f.node)
+    node, dev = f.spec.node, f.spec.device
+    model = models.get(node)
     if model is None:
-        return f"node {f.node} is not in FabricTopology {topo.name}"
-    if f.type == "gpu":
-        gid = ids.get(f"{f.node}/gpu{f.gpu}")
+        return f"node {node} is not in FabricTopology {topo.name}"
+    gid = ids.get(f"{node}/gpu{dev.gpu}") if dev.gpu is not None else None
+    if dev.type == "gpu":
         if gid is None:
-            return f"node {f.node} has no GPU {f.gpu}"
+            return f"node {node} has no GPU {dev.gpu}"
         failed.add(gid)
         return None
-    if f.type == "nic" or (f.type == "link" and f.nic is not None):
-        rail = model.nic_names.get(str(f.nic))
+    if dev.nic is not None:  # a NIC, or a GPU's link to one
+        rail = model.nic_names.get(dev.nic)
         if rail is None:
-            return f"node {f.node} has no NIC {f.nic}"
+            return f"node {node} has no NIC {dev.nic}"
         ref = model.rails[rail][0]
-        end = ids[_ref_name(f.node, ref)]
+        end = ids[_ref_name(node, ref)]
         uplink = ids.get(_leaf_name(block, f"rail{rail}"),
                          ids.get(_leaf_name(block, "fabric-switch")))
         if ref[0] == "gpu":  # the NIC is the GPU's own port into the rail
-            if f.type == "link" and ref[1] != f.gpu:
-                return f"node {f.node}: NIC {f.nic} belongs to GPU {ref[1]}, not {f.gpu}"
+            if dev.type == "link" and ref[1] != dev.gpu:
+                return f"node {node}: NIC {dev.nic} belongs to GPU {ref[1]}, not {dev.gpu}"
             bad_links.update(_between(topo, end, uplink) if uplink is not None else ())
             return None
-        if f.type == "nic":
+        if dev.type == "nic":
             bad_links.update((*topo.out_links(end), *topo.in_links(end)))
             return None
-        gid = ids.get(f"{f.node}/gpu{f.gpu}")
         if gid is None:
-            return f"node {f.node} has no GPU {f.gpu}"
+            return f"node {node} has no GPU {dev.gpu}"
         return _take_down(topo, gid, end, bad_links,
-                          f"node {f.node}: GPU {f.gpu} has no link to NIC {f.nic}")
-    if f.switch is not None:
-        gid, sw = ids.get(f"{f.node}/gpu{f.gpu}"), ids.get(f"{f.node}/{f.switch}")
-        if gid is None:
-            return f"node {f.node} has no GPU {f.gpu}"
+                          f"node {node}: GPU {dev.gpu} has no link to NIC {dev.nic}")
+    if gid is None:
+        return f"node {node} has no GPU {dev.gpu}"
+    if dev.switch is not None:
+        sw = ids.get(f"{node}/{dev.switch}")
         if sw is None:
-            return f"node {f.node} has no switch {f.switch}"
+            return f"node {node} has no switch {dev.switch}"
         return _take_down(topo, gid, sw, bad_links,
-                          f"node {f.node}: GPU {f.gpu} has no link to switch {f.switch}")
-    a, p = ids.get(f"{f.node}/gpu{f.gpu}"), ids.get(f"{f.node}/gpu{f.peer_gpu}")
-    if a is None or p is None:
-        return f"node {f.node} has no GPU {f.gpu if a is None else f.peer_gpu}"
-    return _take_down(topo, a, p, bad_links,
-                      f"node {f.node}: GPUs {f.gpu} and {f.peer_gpu} have no direct link")
+                          f"node {node}: GPU {dev.gpu} has no link to switch {dev.switch}")
+    peer = ids.get(f"{node}/gpu{dev.peer_gpu}")
+    if peer is None:
+        return f"node {node} has no GPU {dev.peer_gpu}"
+    return _take_down(topo, gid, peer, bad_links,
+                      f"node {node}: GPUs {dev.gpu} and {dev.peer_gpu} have no direct link")
 
 
 def _take_down(topo: Topology, a: int, b: int, bad_links: set[int], missing: str) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import kopf
 
+from choreo_api import GROUP, VERSION, CollectiveJob, DeviceFailure, FabricTopology, NodeFabricSpec
 from choreo_operator import certs, metrics, model, sources, webhook
 from choreo_operator.config import Config
 from choreo_operator.kube import Kube
@@ -27,7 +28,7 @@ from choreo_operator.synthclient import SynthesizerClient
 
 log = logging.getLogger("choreo.operator")
 registry = kopf.OperatorRegistry()
-G, V = model.GROUP, model.VERSION
+G, V = GROUP, VERSION
 
 
 class LazyApi:
@@ -103,16 +104,26 @@ class Runtime:
 
     def read(self) -> Inputs:
         nodes = {n.name: n for n in self._values("node_idx")}
+        invalid: list[model.Invalid] = []
+
+        def valid(name: str) -> list[Any]:
+            values = list(self._values(name))
+            invalid.extend(v for v in values if isinstance(v, model.Invalid))
+            return [v for v in values if not isinstance(v, model.Invalid)]
+
+        # a FabricTopology with spec.source becomes an ordinary one here
+        resolved = self.sources.resolve_all(valid("fabric_idx"), nodes,
+                                            self._values("kueue_topology_idx"),
+                                            self._values("hypernode_idx"))
         return Inputs(
-            # a FabricTopology with spec.source becomes an ordinary one here
-            fabrics=self.sources.resolve_all(self._values("fabric_idx"), nodes,
-                                             self._values("kueue_topology_idx"),
-                                             self._values("hypernode_idx")),
-            node_fabrics={nf.node: nf for nf in self._values("nodefabric_idx")},
-            failures=list(self._values("failure_idx")),
+            fabrics=[ft for ft, _ in resolved],
+            node_fabrics={nf.node_name: nf for nf in valid("nodefabric_idx")},
+            failures=valid("failure_idx"),
             nodes=nodes,
-            jobs=list(self._values("job_idx")),
+            jobs=valid("job_idx"),
             pods=list(self._values("pod_idx")),
+            notes={ft.name: notes for ft, notes in resolved if notes},
+            invalid=invalid,
         )
 
     def changed(self, kind: str, key: str, value: Any, deleted: bool) -> bool:
@@ -254,20 +265,21 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 # ---- indexes ---------------------------------------------------------------------------------
 
 
+# choreo's own kinds are held as API models, or as Invalid saying what does not fit.
 @kopf.index(G, V, "fabrictopologies", registry=registry)
-def fabric_idx(body: kopf.Body, **_: Any) -> dict[str, model.FabricSpec]:
-    return {body["metadata"]["name"]: model.fabric_spec(body)}
+def fabric_idx(body: kopf.Body, **_: Any) -> dict[str, FabricTopology | model.Invalid]:
+    return {body["metadata"]["name"]: model.fabric_topology(body)}
 
 
 @kopf.index(G, V, "nodefabrics", registry=registry)
-def nodefabric_idx(body: kopf.Body, **_: Any) -> dict[str, model.NodeFabricSpec]:
-    nf = model.node_fabric_spec(body)
-    return {nf.node: nf}
+def nodefabric_idx(body: kopf.Body, **_: Any) -> dict[str, NodeFabricSpec | model.Invalid]:
+    nf = model.node_fabric(body)
+    return {nf.key if isinstance(nf, model.Invalid) else nf.node_name: nf}
 
 
 @kopf.index(G, V, "devicefailures", registry=registry)
-def failure_idx(body: kopf.Body, **_: Any) -> dict[str, model.DeviceFailureSpec]:
-    return {body["metadata"]["name"]: model.device_failure_spec(body)}
+def failure_idx(body: kopf.Body, **_: Any) -> dict[str, DeviceFailure | model.Invalid]:
+    return {body["metadata"]["name"]: model.device_failure(body)}
 
 
 @kopf.index("", "v1", "nodes", registry=registry)
@@ -294,8 +306,8 @@ def hypernode_idx(body: kopf.Body, **_: Any) -> dict[str, model.HyperNode]:
 
 
 @kopf.index(G, V, "collectivejobs", registry=registry)
-def job_idx(body: kopf.Body, **_: Any) -> dict[str, model.JobSpec]:
-    job = model.job_spec(body)
+def job_idx(body: kopf.Body, **_: Any) -> dict[str, CollectiveJob | model.Invalid]:
+    job = model.job(body)
     return {job.key: job}
 
 
@@ -338,9 +350,9 @@ def _pod_trigger(body: kopf.Body) -> Any:
             pod.config_maps, pod.active)
 
 
-_watch("fabric", "fabric", _name, model.fabric_spec, G, V, "fabrictopologies")
-_watch("nodefabric", "nodefabric", _name, model.node_fabric_spec, G, V, "nodefabrics")
-_watch("failure", "failure", _name, model.device_failure_spec, G, V, "devicefailures")
+_watch("fabric", "fabric", _name, model.fabric_topology, G, V, "fabrictopologies")
+_watch("nodefabric", "nodefabric", _name, model.node_fabric, G, V, "nodefabrics")
+_watch("failure", "failure", _name, model.device_failure, G, V, "devicefailures")
 _watch("node", "node", _name, model.node_info, "", "v1", "nodes")  # labels feed spec.source
 _watch("kueue", "fabric", _name, model.kueue_topology, *KUEUE_TOPOLOGIES)
 _watch("hypernode", "fabric", _name, model.hyper_node, *VOLCANO_HYPERNODES)
@@ -358,8 +370,8 @@ def enable_webhook() -> None:
 
 
 def inject(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
-    job_idx: kopf.Index[str, model.JobSpec] = kwargs["job_idx"]
-    jobs = [j for store in job_idx.values() for j in store]
+    job_idx: kopf.Index[str, CollectiveJob | model.Invalid] = kwargs["job_idx"]
+    jobs = [j for store in job_idx.values() for j in store if not isinstance(j, model.Invalid)]
     pod = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {})}
     change = webhook.mutation(pod, jobs)
     if change is None:

@@ -2,131 +2,119 @@
 
 The kopf indexes store these instead of whole bodies: a 1000-node cluster's Nodes and Pods
 would otherwise keep every managed field in memory, and frozen values make "did anything
-that matters change?" a plain equality test.
+that matters change?" a plain equality test. choreo's own kinds are the API models of
+``choreo_api`` (``read``); Nodes, Pods, Kueue Topologies and Volcano HyperNodes get small
+views of the fields used here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from choreo.generators import NDR_NIC_BANDWIDTH
+from choreo_api import (
+    DEFAULT_RANK_LABEL,
+    CollectiveJob,
+    CollectiveJobStatus,
+    DeviceFailure,
+    FabricTopology,
+    LabelSelector,
+    NodeFabric,
+    NodeFabricSpec,
+    Object,
+    ValidationError,
+    problem,
+)
+from choreo_api import CollectiveSpec as CollectiveSpec  # the synthesizer client's import
 
-GROUP = "choreo.dev"
-VERSION = "v1alpha1"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPUS_ANNOTATION = "choreo.dev/gpus"
-DEFAULT_RANK_LABEL = "batch.kubernetes.io/job-completion-index"
+SHIP_ANYWAY = "ShipSchedule"  # spec.whenNcclFaster: ship files NCCL is predicted to beat
 
 Body = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
-class FabricSource:
-    """``spec.source`` of a FabricTopology: where its nodes and blocks come from.
-
-    ``kind`` is ``topograph``, ``kueue`` or ``volcano``; ``topology`` names the Kueue
-    Topology; ``block_label`` is the Topograph label that names a node's leaf switch.
-    """
+class Invalid:
+    """An object of choreo's kinds that does not fit its model: reported in its status (or,
+    for a NodeFabric, in the FabricTopology's) instead of being used."""
 
     kind: str
-    topology: str = ""
-    node_selector: Selector | None = None
-    block_label: str = ""
-
-
-@dataclass(frozen=True, repr=False)
-class FabricSpec:
-    """A FabricTopology: node positions, the node model and the inter-node fabric.
-
-    ``blocks`` maps nodes to their block (leaf switch group), sorted by node; nodes not
-    listed are in no block. A spec with a ``source`` lists no nodes until
-    ``sources.resolve`` fills them in; ``notes`` are that resolution's problems.
-    """
-
     name: str
-    generation: int
-    nodes: tuple[tuple[str, int], ...]
-    preset: str = "dgx-h100"
-    gpus: int = 8
-    intra_bandwidth: float | None = None
-    intra_alpha: float | None = None
-    inter_type: str = "none"
-    rails: int | None = None
-    dims: tuple[int, ...] = ()
-    inter_bandwidth: float = NDR_NIC_BANDWIDTH
-    inter_alpha: float = 1.7e-6
-    blocks: tuple[tuple[str, str], ...] = ()
-    spine_oversubscription: float = 1.0
-    source: FabricSource | None = None
-    notes: tuple[str, ...] = ()
+    message: str
+    namespace: str | None = None
+    uid: str = ""
+    generation: int = 0
 
-    def __repr__(self) -> str:
-        # The fields after inter_alpha appear only when set, so a spec without blocks or a
-        # source prints (and so hashes into the operator's status fingerprint) as before.
-        # Notes never do: they describe the input, the fabric is the same with or without.
-        parts = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "notes" or (f.name in _LATER_FIELDS and value == f.default):
-                continue
-            parts.append(f"{f.name}={value!r}")
-        return f"FabricSpec({', '.join(parts)})"
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
 
-_LATER_FIELDS = frozenset({"blocks", "spine_oversubscription", "source", "notes"})
+T = TypeVar("T", bound=Object)
+
+_METADATA: dict[type[Object], tuple[str, ...]] = {
+    FabricTopology: ("name", "generation"),
+    NodeFabric: ("name", "namespace"),
+    DeviceFailure: ("name",),
+    CollectiveJob: ("name", "namespace", "uid", "generation", "deletionTimestamp"),
+}
 
 
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    healthy: bool = True
+def read(kind: type[T], body: Body) -> T | Invalid:
+    """``body`` as ``kind``, or Invalid naming the field that does not fit.
+
+    Only the metadata the operator uses is kept, and no status (a CollectiveJob's is read
+    by ``job``), so the operator's own status writes and new resource versions leave the
+    value equal and wake nothing."""
+    meta = body.get("metadata") or {}
+    doc: dict[str, Any] = {"metadata": {k: meta[k] for k in _METADATA[kind] if k in meta}}
+    if "spec" in body:
+        doc["spec"] = body["spec"]
+    try:
+        return kind.model_validate(doc)
+    except ValidationError as err:
+        return Invalid(kind.__name__, str(meta.get("name", "")), problem(err),
+                       meta.get("namespace"), str(meta.get("uid", "")),
+                       int(meta.get("generation") or 0))
 
 
-@dataclass(frozen=True)
-class LinkInfo:
-    src: int
-    dst_gpu: int | None
-    dst_switch: str | None
-    dst_nic: str | None
-    kind: str
-    count: int
-    alpha: float
-    bandwidth: float
-    healthy: bool = True
+def fabric_topology(body: Body) -> FabricTopology | Invalid:
+    """A FabricTopology with its nodes in fabric order (position, then name)."""
+    ft = read(FabricTopology, body)
+    if isinstance(ft, Invalid) or ft.spec.nodes is None:
+        return ft
+    nodes = tuple(sorted(ft.spec.nodes, key=lambda n: (n.position, n.name)))
+    return ft.model_copy(update={"spec": ft.spec.model_copy(update={"nodes": nodes})})
 
 
-@dataclass(frozen=True)
-class NicInfo:
-    name: str
-    rail: int | None
-    bandwidth: float | None
-    nearest_gpu: int | None
-    healthy: bool = True
+def node_fabric(body: Body) -> NodeFabricSpec | Invalid:
+    nf = read(NodeFabric, body)
+    return nf if isinstance(nf, Invalid) else nf.spec
 
 
-@dataclass(frozen=True)
-class NodeFabricSpec:
-    """One node's measured fabric, as its agent wrote it."""
-
-    node: str
-    gpus: tuple[GpuInfo, ...]
-    links: tuple[LinkInfo, ...] = ()
-    nics: tuple[NicInfo, ...] = ()
+def device_failure(body: Body) -> DeviceFailure | Invalid:
+    return read(DeviceFailure, body)
 
 
-@dataclass(frozen=True)
-class DeviceFailureSpec:
-    name: str
-    node: str
-    type: str
-    gpu: int | None = None
-    peer_gpu: int | None = None
-    nic: str | None = None
-    switch: str | None = None  # a link from ``gpu`` to this switch of the node
-    resolved: bool = False
-    reason: str = ""
+def job(body: Body) -> CollectiveJob | Invalid:
+    """A CollectiveJob with the status it resumes from (a status that does not fit is
+    dropped: the operator writes a new one)."""
+    cj = read(CollectiveJob, body)
+    if isinstance(cj, Invalid) or not body.get("status"):
+        return cj
+    try:
+        status = CollectiveJobStatus.model_validate(body["status"])
+    except ValidationError:
+        return cj
+    return cj.model_copy(update={"status": status})
+
+
+def resumed(job: CollectiveJob) -> CollectiveJobStatus:
+    """The status a job was read with: what the operator resumes from after a restart and
+    what the webhook mounts."""
+    return job.status or CollectiveJobStatus()
 
 
 @dataclass(frozen=True)
@@ -160,7 +148,7 @@ class HyperNodeMember:
     type: str
     exact: str | None = None
     regex: str | None = None
-    labels: Selector | None = None
+    labels: LabelSelector | None = None
 
 
 @dataclass(frozen=True)
@@ -170,84 +158,6 @@ class HyperNode:
     name: str
     tier: int | None
     members: tuple[HyperNodeMember, ...]
-
-
-@dataclass(frozen=True)
-class CollectiveSpec:
-    name: str
-    collective: str
-    min_bytes: int
-    max_bytes: int
-    chunks: int | None = None
-    root: int = 0
-
-
-@dataclass(frozen=True)
-class Selector:
-    """A label selector; ``expressions`` are (key, operator, values)."""
-
-    labels: tuple[tuple[str, str], ...] = ()
-    expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if not self.labels and not self.expressions:
-            return False  # an empty selector would claim every pod of the namespace
-        for key, value in self.labels:
-            if labels.get(key) != value:
-                return False
-        for key, op, values in self.expressions:
-            present = key in labels
-            if op == "In" and not (present and labels[key] in values):
-                return False
-            if op == "NotIn" and present and labels[key] in values:
-                return False
-            if op == "Exists" and not present:
-                return False
-            if op == "DoesNotExist" and present:
-                return False
-        return True
-
-
-SHIP_ANYWAY = "ShipSchedule"  # spec.whenNcclFaster: ship files NCCL is predicted to beat
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """A CollectiveJob's spec plus the status fields the operator resumes from."""
-
-    namespace: str
-    name: str
-    uid: str
-    generation: int
-    selector: Selector
-    collectives: tuple[CollectiveSpec, ...]
-    rank_label: str = DEFAULT_RANK_LABEL
-    gpus_per_pod: int | None = None
-    weight: float = 1.0
-    isolation: str = "Joint"
-    dialect: str = "executor"
-    instances: int = 1
-    protocol: str = "Simple"
-    when_nccl_faster: str = "RunNccl"  # or ShipSchedule
-    config_map: str | None = None
-    parts: tuple[tuple[str, int, int, int], ...] = ()  # name, first, last rank, pod rank
-    files: tuple[str, ...] = ()
-    inputs_hash: str | None = None
-    deleting: bool = False
-    conditions: tuple[tuple[tuple[str, str], ...], ...] = ()
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    def condition_list(self) -> list[dict[str, Any]]:
-        out = []
-        for c in self.conditions:
-            d: dict[str, Any] = dict(c)
-            if "observedGeneration" in d:
-                d["observedGeneration"] = int(d["observedGeneration"])
-            out.append(d)
-        return out
 
 
 @dataclass(frozen=True)
@@ -274,97 +184,6 @@ class PodInfo:
             return int(value) if value is not None else None
         except ValueError:
             return None
-
-
-# ---- parsing ---------------------------------------------------------------------------------
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-TOPOGRAPH_BLOCK = "network.topology.nvidia.com/block"
-
-
-def fabric_source(doc: Body | None) -> FabricSource | None:
-    """``spec.source``: the first of topograph, kueue, volcano it sets (the CRD allows one)."""
-    if not doc:
-        return None
-    selector: Selector | None = _selector(doc.get("nodeSelector") or {})
-    if selector is not None and not selector.labels and not selector.expressions:
-        selector = None  # no nodeSelector: every node the source names
-    if doc.get("topograph") is not None:
-        topograph = doc.get("topograph") or {}
-        return FabricSource("topograph", node_selector=selector,
-                            block_label=str(topograph.get("blockLabel") or TOPOGRAPH_BLOCK))
-    if doc.get("kueue") is not None:
-        return FabricSource("kueue", topology=str((doc.get("kueue") or {}).get("topology", "")),
-                            node_selector=selector)
-    if doc.get("volcano") is not None:
-        return FabricSource("volcano", node_selector=selector)
-    return None
-
-
-def fabric_spec(body: Body) -> FabricSpec:
-    spec = body.get("spec") or {}
-    intra = spec.get("intraNode") or {}
-    inter = spec.get("interNode") or {}
-    nodes = tuple(sorted(((str(n["name"]), int(n["position"])) for n in spec.get("nodes") or []),
-                         key=lambda x: (x[1], x[0])))
-    blocks = tuple(sorted((str(n["name"]), str(n["block"])) for n in spec.get("nodes") or []
-                          if n.get("block")))
-    return FabricSpec(
-        name=body["metadata"]["name"],
-        generation=int(body["metadata"].get("generation") or 0),
-        nodes=nodes,
-        preset=str(intra.get("preset", "dgx-h100")),
-        gpus=int(intra.get("gpus", 8)),
-        intra_bandwidth=_opt_float(intra.get("bandwidthBytesPerSecond")),
-        intra_alpha=_opt_float(intra.get("alphaSeconds")),
-        inter_type=str(inter.get("type", "none")),
-        rails=_opt_int(inter.get("rails")),
-        dims=tuple(int(d) for d in inter.get("dims") or ()),
-        inter_bandwidth=float(inter.get("bandwidthBytesPerSecond", NDR_NIC_BANDWIDTH)),
-        inter_alpha=float(inter.get("alphaSeconds", 1.7e-6)),
-        blocks=blocks,
-        spine_oversubscription=float(inter.get("spineOversubscription", 1.0)),
-        source=fabric_source(spec.get("source")),
-    )
-
-
-def node_fabric_spec(body: Body) -> NodeFabricSpec:
-    spec = body.get("spec") or {}
-    gpus = tuple(sorted((GpuInfo(int(g["index"]), bool(g.get("healthy", True)))
-                         for g in spec.get("gpus") or []), key=lambda g: g.index))
-    links = tuple(
-        LinkInfo(src=int(lk["src"]), dst_gpu=_opt_int(lk.get("dstGPU")),
-                 dst_switch=lk.get("dstSwitch"), dst_nic=lk.get("dstNIC"),
-                 kind=str(lk.get("kind", "generic")), count=int(lk.get("count", 1)),
-                 alpha=float(lk.get("alphaSeconds", 0.0)),
-                 bandwidth=float(lk["bandwidthBytesPerSecond"]),
-                 healthy=bool(lk.get("healthy", True)))
-        for lk in spec.get("links") or [])
-    nics = tuple(
-        NicInfo(name=str(n["name"]), rail=_opt_int(n.get("rail")),
-                bandwidth=_opt_float(n.get("bandwidthBytesPerSecond")),
-                nearest_gpu=_opt_int(n.get("nearestGPU")), healthy=bool(n.get("healthy", True)))
-        for n in spec.get("nics") or [])
-    return NodeFabricSpec(str(spec.get("nodeName", "")), gpus, links, nics)
-
-
-def device_failure_spec(body: Body) -> DeviceFailureSpec:
-    spec = body.get("spec") or {}
-    device = spec.get("device") or {}
-    return DeviceFailureSpec(
-        name=body["metadata"]["name"], node=str(spec.get("node", "")),
-        type=str(device.get("type", "gpu")), gpu=_opt_int(device.get("gpu")),
-        peer_gpu=_opt_int(device.get("peerGPU")), nic=device.get("nic"),
-        switch=device.get("switch"),
-        resolved=bool(spec.get("resolved", False)), reason=str(spec.get("reason", "")))
 
 
 _PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
@@ -416,44 +235,16 @@ def hyper_node(body: Body) -> HyperNode:
             type=str(m.get("type", "")),
             exact=None if exact is None else str(exact.get("name", "")),
             regex=None if regex is None else str(regex.get("pattern", "")),
-            labels=None if labels is None else _selector(labels)))
+            labels=None if labels is None else _label_selector(labels)))
     return HyperNode(str(body["metadata"]["name"]), tier, tuple(members))
 
 
-def _selector(doc: Body) -> Selector:
-    labels = tuple(sorted((str(k), str(v)) for k, v in (doc.get("matchLabels") or {}).items()))
-    exprs = tuple((str(e["key"]), str(e["operator"]), tuple(str(v) for v in e.get("values") or ()))
-                  for e in doc.get("matchExpressions") or [])
-    return Selector(labels, exprs)
-
-
-def job_spec(body: Body) -> JobSpec:
-    meta = body["metadata"]
-    spec = body.get("spec") or {}
-    status = body.get("status") or {}
-    colls = tuple(
-        CollectiveSpec(str(c["name"]), str(c["collective"]), int(c["minBytes"]),
-                       int(c["maxBytes"]), _opt_int(c.get("chunks")), int(c.get("root", 0)))
-        for c in spec.get("collectives") or [])
-    parts = tuple((str(p["name"]), int(p["firstRank"]), int(p["lastRank"]),
-                   int(p.get("podRank", -1)))
-                  for p in status.get("configMapParts") or [])
-    return JobSpec(
-        namespace=meta["namespace"], name=meta["name"], uid=meta.get("uid", ""),
-        generation=int(meta.get("generation") or 0),
-        selector=_selector(spec.get("selector") or {}), collectives=colls,
-        rank_label=str(spec.get("rankLabel", DEFAULT_RANK_LABEL)),
-        gpus_per_pod=_opt_int(spec.get("gpusPerPod")), weight=float(spec.get("weight", 1.0)),
-        isolation=str(spec.get("isolation", "Joint")),
-        dialect=str(spec.get("dialect", "executor")), instances=int(spec.get("instances", 1)),
-        protocol=str(spec.get("protocol", "Simple")),
-        when_nccl_faster=str(spec.get("whenNcclFaster", "RunNccl")),
-        config_map=status.get("configMap"),
-        parts=parts, files=tuple(status.get("files") or ()),
-        inputs_hash=(status.get("lastSynthesis") or {}).get("inputsHash"),
-        deleting=bool(meta.get("deletionTimestamp")),
-        conditions=tuple(tuple(sorted((str(k), str(v)) for k, v in c.items()))
-                         for c in status.get("conditions") or []))
+def _label_selector(doc: Any) -> LabelSelector | None:
+    """A HyperNode's labelMatch; None (a member without a usable selector) if malformed."""
+    try:
+        return LabelSelector.model_validate(doc)
+    except ValidationError:
+        return None
 
 
 def _gpu_request(container: Body) -> int:

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from choreo_api import CollectiveJob
 from choreo_operator.fabric import Fabric
-from choreo_operator.model import JobSpec, PodInfo
+from choreo_operator.model import PodInfo
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class RankSlot:
 
 @dataclass
 class Placement:
-    job: JobSpec
+    job: CollectiveJob
     slots: list[RankSlot] = field(default_factory=list)
     pod_ranks: dict[str, tuple[int, int]] = field(default_factory=dict)  # pod -> first, last
     pod_index: dict[str, int] = field(default_factory=dict)  # pod -> its rank label value
@@ -63,9 +64,9 @@ class PodIndex:
             for key, value in p.labels:
                 self.by_label.setdefault((p.namespace, key, value), []).append(entry)
 
-    def selected(self, job: JobSpec) -> list[PodInfo]:
-        ns, sel = job.namespace, job.selector
-        pool = min((self.by_label.get((ns, k, v), []) for k, v in sel.labels), key=len,
+    def selected(self, job: CollectiveJob) -> list[PodInfo]:
+        ns, sel = job.namespace, job.spec.selector
+        pool = min((self.by_label.get((ns, k, v), []) for k, v in sel.match_labels or ()), key=len,
                    default=self.by_ns.get(ns, []))
         return [p for p, labels in pool if sel.matches(labels)]
 
@@ -77,12 +78,12 @@ def _parse_gpus(text: str) -> list[int] | None:
         return None
 
 
-def place(jobs: Iterable[JobSpec], pods: Iterable[PodInfo], fabric: Fabric | None,
+def place(jobs: Iterable[CollectiveJob], pods: Iterable[PodInfo], fabric: Fabric | None,
           ) -> dict[str, Placement]:
     """Placement of every job (keyed ``namespace/name``)."""
     index = PodIndex(pods)
     out: dict[str, Placement] = {}
-    wanted: list[tuple[JobSpec, PodInfo, int, int]] = []  # job, pod, rank, gpus
+    wanted: list[tuple[CollectiveJob, PodInfo, int, int]] = []  # job, pod, rank, gpus
     for job in jobs:
         pl = Placement(job)
         out[job.key] = pl
@@ -90,9 +91,9 @@ def place(jobs: Iterable[JobSpec], pods: Iterable[PodInfo], fabric: Fabric | Non
         pl.pods = len(mine)
         ranked = []
         for i, pod in enumerate(sorted(mine, key=lambda p: p.name)):
-            r = pod.rank(job.rank_label)
+            r = pod.rank(job.spec.rank_label)
             if r is None:
-                pl.problems.append(f"pod {pod.name} has no integer {job.rank_label}; "
+                pl.problems.append(f"pod {pod.name} has no integer {job.spec.rank_label}; "
                                    "ordered by name")
                 r = 1_000_000 + i
             ranked.append((r, pod))
@@ -100,7 +101,7 @@ def place(jobs: Iterable[JobSpec], pods: Iterable[PodInfo], fabric: Fabric | Non
             if pod.node is None:
                 pl.problems.append(f"pod {pod.name} is not scheduled yet")
                 continue
-            gpus = job.gpus_per_pod or pod.gpus
+            gpus = job.spec.gpus_per_pod or pod.gpus
             if gpus < 1:
                 continue  # a launcher or sidecar pod: it holds no rank
             wanted.append((job, pod, r, gpus))

@@ -28,6 +28,16 @@ import aiohttp
 
 from choreo.collectives import format_size
 from choreo.errors import ChoreoError
+from choreo_api import (
+    GROUP,
+    VERSION,
+    CollectiveJob,
+    DeviceFailure,
+    DeviceFailureStatus,
+    FabricTopology,
+    FabricTopologyStatus,
+    NodeFabricSpec,
+)
 from choreo_operator import metrics, results, status
 from choreo_operator.debounce import Debouncer
 from choreo_operator.fabric import (
@@ -36,20 +46,11 @@ from choreo_operator.fabric import (
     Subfabrics,
     apply_failures,
     base_fabric,
+    fabric_nodes,
 )
 from choreo_operator.grouping import Group, Member, groups
 from choreo_operator.kube import ApiError
-from choreo_operator.model import (
-    GROUP,
-    SHIP_ANYWAY,
-    VERSION,
-    DeviceFailureSpec,
-    FabricSpec,
-    JobSpec,
-    NodeFabricSpec,
-    NodeInfo,
-    PodInfo,
-)
+from choreo_operator.model import SHIP_ANYWAY, Invalid, NodeInfo, PodInfo, resumed
 from choreo_operator.placement import Placement, healthy_slots, place
 from choreo_operator.synthclient import (
     Outcome,
@@ -68,14 +69,17 @@ REASON_ORDER = ("failure", "node", "nodefabric", "fabric", "job", "pods", "start
 
 @dataclass
 class Inputs:
-    """Everything a round reads, as compact values."""
+    """Everything a round reads, as compact values. ``notes`` are each FabricTopology's
+    source problems; ``invalid`` the objects of choreo's kinds that do not fit the API."""
 
-    fabrics: list[FabricSpec]
+    fabrics: list[FabricTopology]
     node_fabrics: dict[str, NodeFabricSpec]
-    failures: list[DeviceFailureSpec]
+    failures: list[DeviceFailure]
     nodes: dict[str, NodeInfo]
-    jobs: list[JobSpec]
+    jobs: list[CollectiveJob]
     pods: list[PodInfo]
+    notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    invalid: list[Invalid] = field(default_factory=list)
 
 
 class Api(Protocol):
@@ -112,7 +116,7 @@ class Flight:
 @dataclass
 class GroupPlan:
     group: Group
-    members: list[JobSpec]
+    members: list[CollectiveJob]
     placements: dict[str, Placement]
     tenants: list[TenantRequest]
     request_fabric: Any
@@ -141,7 +145,7 @@ def job_path(namespace: str, name: str, sub: str = "") -> str:
 
 
 def _digest(doc: Any) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 class Reconciler:
@@ -158,8 +162,10 @@ class Reconciler:
         self.jobs: dict[str, JobState] = {}
         self.failure_status: dict[str, Any] = {}
         self.fabric_status: dict[str, Any] = {}
+        self.invalid_status: dict[tuple[str, str], str] = {}  # kind, key -> message written
         self.rounds = 0
         self._fabric_key: Any = None
+        self._fingerprint = ""
         self._fabric: Fabric | None = None
         self._base: tuple[Any, BaseFabric] | None = None
         self._subs = Subfabrics()
@@ -202,17 +208,24 @@ class Reconciler:
         spec = fabrics[0]
         notes = [f"FabricTopology {f.name} is ignored: only {spec.name} is used"
                  for f in fabrics[1:]]
-        names = {n for n, _ in spec.nodes}
+        names = {n.name for n in fabric_nodes(spec)}
         down = sorted(n for n in names if n not in inputs.nodes or not inputs.nodes[n].ready)
-        failures = sorted((f for f in inputs.failures if not f.resolved), key=lambda f: f.name)
-        nfs = tuple(sorted((k, v) for k, v in inputs.node_fabrics.items() if k in names))
-        key = (spec, nfs, tuple(failures), tuple(down))
+        failures = sorted((f for f in inputs.failures if not f.spec.resolved),
+                          key=lambda f: f.name)
+        nfs = tuple(sorted(((k, v) for k, v in inputs.node_fabrics.items() if k in names),
+                           key=lambda kv: kv[0]))
+        problems = (*inputs.notes.get(spec.name, ()),
+                    *(f"NodeFabric {i.key} is ignored (the node keeps its preset): {i.message}"
+                      for i in inputs.invalid if i.kind == "NodeFabric"))
+        key = (spec, nfs, problems, tuple(failures), tuple(down))
         if key != self._fabric_key:
-            if self._base is None or key[:2] != self._base[0]:
-                self._base = (key[:2], base_fabric(spec, dict(nfs)))
+            if self._base is None or key[:3] != self._base[0]:
+                self._base = (key[:3], base_fabric(spec, dict(nfs), problems))
                 self._subs.clear()
             self._fabric = apply_failures(self._base[1], failures, down)
             self._fabric_key = key
+            # problems describe the inputs, not the fabric: they leave its fingerprint alone
+            self._fingerprint = _digest((spec, nfs, *key[3:]))[:16]
         return self._fabric, notes
 
     async def round(self, reasons: set[str], since: float) -> None:
@@ -220,7 +233,7 @@ class Reconciler:
         reason = next((r for r in REASON_ORDER if r in reasons), "startup")
         inputs = self.read()
         fabric, notes = self.fabric(inputs)
-        jobs = [j for j in inputs.jobs if not j.deleting]
+        jobs = [j for j in inputs.jobs if j.metadata.deletion_timestamp is None]
         placements = place(jobs, inputs.pods, fabric)
         live = {j.key for j in jobs}
         for key in list(self.jobs):
@@ -246,14 +259,15 @@ class Reconciler:
         if fabric is not None:
             await self._fabric_status(inputs, fabric, notes)
             await self._failure_status(inputs, fabric, placements)
+        await self._invalid_status(inputs.invalid)
         await self._collect(jobs, inputs.pods)
         self._phase_metrics()
 
-    def _plan(self, jobs: list[JobSpec], placements: Mapping[str, Placement], fabric: Fabric,
+    def _plan(self, jobs: list[CollectiveJob], placements: Mapping[str, Placement], fabric: Fabric,
               blocked: dict[str, tuple[str, str, str]]) -> list[GroupPlan]:
         topo = fabric.topology
         members: list[Member] = []
-        ready: dict[str, JobSpec] = {}
+        ready: dict[str, CollectiveJob] = {}
         for job in jobs:
             pl = placements[job.key]
             hard = [p for p in pl.problems if "not scheduled" not in p and "ordered by" not in p]
@@ -274,8 +288,9 @@ class Reconciler:
                 blocked[job.key] = ("Infeasible", "TenantDisconnected", why)
                 continue
             ready[job.key] = job
-            members.append(Member(job.key, tenant_npus, job.isolation == "Joint",
-                                  (job.dialect, job.instances, job.protocol)))
+            spec = job.spec
+            members.append(Member(job.key, tenant_npus, spec.isolation == "Joint",
+                                  (spec.dialect, spec.instances, spec.protocol)))
         plans = []
         for group in groups(topo, members):
             group_jobs = [ready[k] for k in group.members]
@@ -283,14 +298,15 @@ class Reconciler:
             sub, ids = self._subs.get(topo, npus, name=f"{topo.name}-{group.scope}")
             tenants = [TenantRequest(j.key, tuple(ids[s.npu] for s in
                                                   healthy_slots(placements[j.key], fabric)),
-                                     j.collectives, j.weight) for j in group_jobs]
-            first = group_jobs[0]
+                                     j.spec.collectives, j.spec.weight) for j in group_jobs]
+            first = group_jobs[0].spec
             buckets = min([self.settings.max_buckets] + [
                 cap for j in group_jobs if (cap := self._state(j).bucket_cap) is not None])
             options = RequestOptions(first.dialect, first.instances, first.protocol,
                                      self.settings.restarts, buckets,
                                      self.settings.call_timeout_seconds,
-                                     any(j.when_nccl_faster == SHIP_ANYWAY for j in group_jobs))
+                                     any(j.spec.when_nccl_faster == SHIP_ANYWAY
+                                         for j in group_jobs))
             fingerprint = sub.fingerprint()
             ranks = {j.key: [(s.pod, s.node, s.gpu) for s in
                              healthy_slots(placements[j.key], fabric)] for j in group_jobs}
@@ -321,7 +337,9 @@ class Reconciler:
     def _up_to_date(self, plan: GroupPlan) -> bool:
         for job in plan.members:
             state = self.jobs.get(job.key)
-            done = state.inputs_hash if state and state.inputs_hash else job.inputs_hash
+            last = resumed(job).last_synthesis
+            done = (state.inputs_hash if state and state.inputs_hash
+                    else last.inputs_hash if last else None)
             if done != plan.inputs_hash:
                 return False
         return True
@@ -471,21 +489,21 @@ class Reconciler:
             await self._gc(job)
         release_memory()
 
-    async def _publish(self, job: JobSpec, plan: GroupPlan, result: Any, response: Any,
+    async def _publish(self, job: CollectiveJob, plan: GroupPlan, result: Any, response: Any,
                        reason: str, seconds: float) -> bool:
         """Write the job's new schedule and status; False when it was refused instead."""
         pl = plan.placements[job.key]
         fabric = self._fabric
         assert fabric is not None
         slots = healthy_slots(pl, fabric)
-        schedule = results.Schedule(files={}, dialect=job.dialect, ranks=[
+        schedule = results.Schedule(files={}, dialect=job.spec.dialect, ranks=[
             {"rank": r, "pod": s.pod, "node": s.node, "gpu": s.gpu} for r, s in enumerate(slots)])
         pod_ranks: dict[str, tuple[int, int]] = {}
         for r, s in enumerate(slots):
             lo, _ = pod_ranks.get(s.pod, (r, r))
             pod_ranks[s.pod] = (lo, r)
-        ship_anyway = job.when_nccl_faster == SHIP_ANYWAY
-        for spec, coll in zip(job.collectives, result.collectives, strict=True):
+        ship_anyway = job.spec.when_nccl_faster == SHIP_ANYWAY
+        for spec, coll in zip(job.spec.collectives, result.collectives, strict=True):
             best = None
             sizes: dict[tuple[int, int], results.SizeRange] = {}
             for b, bucket in enumerate(coll.buckets):
@@ -566,7 +584,7 @@ class Reconciler:
                 if err.status != 409:
                     raise
                 stale = {k: None for k in (*results.possible_files(job),
-                                           *results.MSCCL_OFF[job.dialect])
+                                           *results.MSCCL_OFF[job.spec.dialect])
                          if k not in alias["data"]}
                 await self.api.merge_patch(f"{path}/{alias['metadata']['name']}",
                                            {"data": {**stale, **alias["data"]},
@@ -636,16 +654,19 @@ class Reconciler:
         return True
 
     # ---- status ------------------------------------------------------------------------------
-    def _state(self, job: JobSpec) -> JobState:
+    def _state(self, job: CollectiveJob) -> JobState:
         state = self.jobs.get(job.key)
         if state is None:
-            keep = {p[0] for p in job.parts} or ({job.config_map} if job.config_map else set())
-            state = JobState(conditions=job.condition_list(), config_map=job.config_map,
-                             keep=keep)
+            st = resumed(job)
+            keep = ({p.name for p in st.config_map_parts or () if p.name}
+                    or ({st.config_map} if st.config_map else set()))
+            state = JobState(conditions=[c.dump() for c in st.conditions or ()],
+                             config_map=st.config_map, keep=keep)
             self.jobs[job.key] = state
         return state
 
-    async def _update_jobs(self, jobs: Iterable[JobSpec], updates: Mapping[str, status.Update],
+    async def _update_jobs(self, jobs: Iterable[CollectiveJob],
+                           updates: Mapping[str, status.Update],
                            extra: Mapping[str, Any] | None = None,
                            event: tuple[str, str] | None = None,
                            event_message: str | None = None) -> bool:
@@ -656,8 +677,9 @@ class Reconciler:
         written = True
         for job in jobs:
             state = self._state(job)
-            conditions = status.merge(state.conditions, updates, job.generation)
-            doc = {"phase": status.phase(conditions), "observedGeneration": job.generation,
+            generation = job.metadata.generation or 0
+            conditions = status.merge(state.conditions, updates, generation)
+            doc = {"phase": status.phase(conditions), "observedGeneration": generation,
                    **(extra or {})}
             if status.same(conditions, state.conditions) and all(
                     state.status_doc.get(k) == v for k, v in doc.items()):
@@ -683,7 +705,7 @@ class Reconciler:
                 await self._event(job, kind, why, text)
         return written
 
-    async def _blocked(self, job: JobSpec, pl: Placement, condition: str, reason: str,
+    async def _blocked(self, job: CollectiveJob, pl: Placement, condition: str, reason: str,
                        message: str) -> None:
         updates: dict[str, status.Update] = {"Synthesizing": (False, reason, message)}
         if condition == "Infeasible":
@@ -694,12 +716,14 @@ class Reconciler:
         await self._update_jobs([job], updates, extra={"nodes": pl.nodes},
                                 event=("Warning", reason))
 
-    async def _event(self, job: JobSpec, kind: str, reason: str, message: str) -> None:
+    async def _event(self, job: CollectiveJob | Invalid, kind: str, reason: str,
+                     message: str) -> None:
+        uid = job.uid if isinstance(job, Invalid) else job.metadata.uid
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{job.name}.", "namespace": job.namespace},
             "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CollectiveJob",
-                               "name": job.name, "namespace": job.namespace, "uid": job.uid},
+                               "name": job.name, "namespace": job.namespace, "uid": uid},
             "reason": status.reason_text(reason), "message": message[:1000], "type": kind,
             "source": {"component": "choreo-operator"},
             "firstTimestamp": status.now(), "lastTimestamp": status.now(), "count": 1,
@@ -715,15 +739,15 @@ class Reconciler:
             del self.fabric_status[gone]  # one recreated under the same name gets its status
         problems = list(fabric.notes) + notes
         topo = fabric.topology
-        doc = {"observedGeneration": spec.generation, "nodes": len(fabric.node_gpus),
-               "gpus": len(topo.all_npus),
-               "fingerprint": _digest(self._fabric_key)[:16]}
+        doc = FabricTopologyStatus(observed_generation=spec.metadata.generation or 0,
+                                   nodes=len(fabric.node_gpus), gpus=len(topo.all_npus),
+                                   fingerprint=self._fingerprint).dump()
         previous = self.fabric_status.get(spec.name)
         if previous is not None and previous[:2] == (doc, problems):
             return
         conditions = status.merge(previous[2] if previous else [], {"Ready": (
             not problems, "Invalid" if problems else "Built",
-            "; ".join(problems) or f"{len(topo.npus)} live GPUs")}, spec.generation)
+            "; ".join(problems) or f"{len(topo.npus)} live GPUs")}, spec.metadata.generation or 0)
         try:
             await self.api.merge_patch(
                 f"/apis/{GROUP}/{VERSION}/fabrictopologies/{spec.name}/status",
@@ -735,22 +759,19 @@ class Reconciler:
     async def _failure_status(self, inputs: Inputs, fabric: Fabric,
                               placements: Mapping[str, Placement]) -> None:
         for f in inputs.failures:
-            affected = [] if f.resolved else sorted(
+            resolved = f.spec.resolved
+            affected = [] if resolved else sorted(
                 k for k, pl in placements.items() if any(_touches(f, s.node, s.gpu)
                                                          for s in pl.slots))
             problem = fabric.problems.get(f.name)
-            key = (tuple(affected), problem, f.resolved)
+            key = (tuple(affected), problem, resolved)
             if self.failure_status.get(f.name) == key:
                 continue
             applied = (False, "UnknownDevice", problem) if problem else (
-                (False, "Resolved", "the device is back in the fabric") if f.resolved else
+                (False, "Resolved", "the device is back in the fabric") if resolved else
                 (True, "Applied", f"excluded from the fabric; {len(affected)} tenant(s) affected"))
-            conditions = status.merge([], {"Applied": applied}, 0)
             try:
-                await self.api.merge_patch(
-                    f"/apis/{GROUP}/{VERSION}/devicefailures/{f.name}/status",
-                    {"status": {"affected": affected, "affectedCount": len(affected),
-                                "conditions": conditions}})
+                await self._failure_conditions(f.name, applied, affected)
                 self.failure_status[f.name] = key
             except ApiError as err:
                 if err.status != 404:
@@ -760,6 +781,51 @@ class Reconciler:
             if name not in names:
                 del self.failure_status[name]
 
+    async def _failure_conditions(self, name: str, applied: status.Update,
+                                  affected: list[str]) -> None:
+        doc = DeviceFailureStatus(affected=tuple(affected), affected_count=len(affected)).dump()
+        await self.api.merge_patch(
+            f"/apis/{GROUP}/{VERSION}/devicefailures/{name}/status",
+            {"status": {**doc, "conditions": status.merge([], {"Applied": applied}, 0)}})
+
+    async def _invalid_status(self, invalid: list[Invalid]) -> None:
+        """Say in its status why an object is not used, in the words of ``problem``: the
+        DeviceFailure is not Applied, the FabricTopology and CollectiveJob are not Ready. (A
+        NodeFabric's problem is in the FabricTopology's Ready condition.)"""
+        seen = {(i.kind, i.key) for i in invalid}
+        for gone in set(self.invalid_status) - seen:
+            del self.invalid_status[gone]
+        for obj in invalid:
+            if obj.kind == "NodeFabric" or self.invalid_status.get((obj.kind, obj.key)) == \
+                    obj.message:
+                continue
+            log.warning("%s %s is invalid: %s", obj.kind, obj.key, obj.message)
+            try:
+                if obj.kind == "DeviceFailure":
+                    await self._failure_conditions(obj.name, (False, "Invalid", obj.message), [])
+                    self.failure_status.pop(obj.name, None)
+                elif obj.kind == "FabricTopology":
+                    await self.api.merge_patch(
+                        f"/apis/{GROUP}/{VERSION}/fabrictopologies/{obj.name}/status",
+                        {"status": {"observedGeneration": obj.generation, "conditions":
+                                    status.merge([], {"Ready": (False, "Invalid", obj.message)},
+                                                 obj.generation)}})
+                    self.fabric_status.pop(obj.name, None)
+                else:
+                    updates: dict[str, status.Update] = {
+                        "Ready": (False, "InvalidSpec", obj.message),
+                        "Synthesizing": (False, "InvalidSpec", obj.message)}
+                    await self.api.merge_patch(
+                        job_path(obj.namespace or "", obj.name, "status"),
+                        {"status": {"phase": "Pending", "observedGeneration": obj.generation,
+                                    "conditions": status.merge([], updates, obj.generation)}})
+                    await self._event(obj, "Warning", "InvalidSpec", obj.message)
+            except ApiError as err:
+                if err.status != 404:
+                    log.warning("%s %s status: %s", obj.kind, obj.key, err)
+                continue
+            self.invalid_status[(obj.kind, obj.key)] = obj.message
+
     def _phase_metrics(self) -> None:
         counts: dict[str, int] = {}
         for state in self.jobs.values():
@@ -768,7 +834,7 @@ class Reconciler:
         metrics.set_phases(counts)
 
     # ---- garbage collection ------------------------------------------------------------------
-    async def _collect(self, jobs: list[JobSpec], pods: list[PodInfo]) -> None:
+    async def _collect(self, jobs: list[CollectiveJob], pods: list[PodInfo]) -> None:
         """Delete a job's old ConfigMaps once no pod mounts them (only if mounts changed)."""
         mounted: dict[str, set[str]] = {}
         for pod in pods:
@@ -783,7 +849,7 @@ class Reconciler:
             if state.mounted != mine:
                 await self._gc(job, mine)
 
-    async def _gc(self, job: JobSpec, mounted: frozenset[str] | None = None) -> None:
+    async def _gc(self, job: CollectiveJob, mounted: frozenset[str] | None = None) -> None:
         if mounted is None:
             mounted = frozenset(m for p in self.read().pods
                                 if p.active and p.namespace == job.namespace
@@ -801,7 +867,7 @@ class Reconciler:
             meta = cm["metadata"]
             owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
             name = meta["name"]
-            if (job.uid not in owners or name in state.keep or name in mounted
+            if (job.metadata.uid not in owners or name in state.keep or name in mounted
                     or name == results.alias_name(job.name)):
                 continue
             try:
@@ -811,13 +877,14 @@ class Reconciler:
                     log.warning("deleting ConfigMap %s: %s", name, err)
 
 
-def _touches(f: DeviceFailureSpec, node: str, gpu: int) -> bool:
-    if f.node != node:
+def _touches(f: DeviceFailure, node: str, gpu: int) -> bool:
+    device = f.spec.device
+    if f.spec.node != node:
         return False
-    if f.type == "gpu":
-        return f.gpu == gpu
-    if f.type == "link" and f.nic is None:
-        return gpu in (f.gpu, f.peer_gpu)
+    if device.type == "gpu":
+        return device.gpu == gpu
+    if device.type == "link" and device.nic is None:
+        return gpu in (device.gpu, device.peer_gpu)
     return True
 
 

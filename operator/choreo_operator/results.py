@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from choreo.msccl.split import split_per_node
-from choreo_operator.model import GROUP, JobSpec
+from choreo_api import API_VERSION, CollectiveJob
 
 SPLIT_BYTES = 900 * 1024  # below the 1 MiB object limit, leaving room for metadata
 RANKS_KEY = "ranks.json"
@@ -135,15 +135,15 @@ def alias_name(job: str) -> str:
     return f"{job[:240]}-schedule"
 
 
-def alias_body(job: JobSpec, schedule: Schedule, content_hash: str) -> dict[str, Any]:
+def alias_body(job: CollectiveJob, schedule: Schedule, content_hash: str) -> dict[str, Any]:
     body = _body(job, alias_name(job.name), schedule.data(), content_hash, "", "")
     body.pop("immutable")
     return body
 
 
-def possible_files(job: JobSpec) -> list[str]:
+def possible_files(job: CollectiveJob) -> list[str]:
     """Every XML key a schedule of ``job`` can have, for mounting before it exists."""
-    return [xml_key(c.name, b) for c in job.collectives for b in range(MAX_BUCKETS)]
+    return [xml_key(c.name, b) for c in job.spec.collectives for b in range(MAX_BUCKETS)]
 
 
 def xml_key(collective: str, bucket: int) -> str:
@@ -162,7 +162,7 @@ class Part:
     pod_rank: int  # the pod's rank label value, which the webhook sees at admission
 
 
-def config_maps(job: JobSpec, schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]],
+def config_maps(job: CollectiveJob, schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]],
                 pod_index: Mapping[str, int], inputs_hash: str, fingerprint: str,
                 split_bytes: int = SPLIT_BYTES,
                 ) -> tuple[str, list[Part], list[dict[str, Any]]]:
@@ -208,7 +208,7 @@ def oversized(bodies: Sequence[dict[str, Any]]) -> str:
     return ""
 
 
-def _body(job: JobSpec, name: str, data: dict[str, str], digest: str, inputs_hash: str,
+def _body(job: CollectiveJob, name: str, data: dict[str, str], digest: str, inputs_hash: str,
           fingerprint: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -220,8 +220,8 @@ def _body(job: JobSpec, name: str, data: dict[str, str], digest: str, inputs_has
                        "app.kubernetes.io/managed-by": "choreo-operator"},
             "annotations": {ANN_INPUTS: inputs_hash, ANN_FABRIC: fingerprint},
             "ownerReferences": [{
-                "apiVersion": f"{GROUP}/v1alpha1", "kind": "CollectiveJob", "name": job.name,
-                "uid": job.uid, "controller": True, "blockOwnerDeletion": False,
+                "apiVersion": API_VERSION, "kind": "CollectiveJob", "name": job.name,
+                "uid": job.metadata.uid, "controller": True, "blockOwnerDeletion": False,
             }],
         },
         "data": data,

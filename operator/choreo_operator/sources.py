@@ -1,11 +1,11 @@
 """A FabricTopology's ``spec.source``: its nodes and blocks from a topology the cluster already has.
 
-``resolve`` is a pure function from (FabricTopology spec, Nodes with labels, Kueue Topologies,
-Volcano HyperNodes, the previous result) to an ordinary ``FabricSpec``: nodes numbered
-0..n-1 in (block, node name) order, ``blocks`` filled in, ``source`` cleared, and the
-source's problems in ``notes`` (they reach the FabricTopology's Ready condition through
-``fabric.base_fabric``). The same cluster described by hand gives the same spec, so the same
-fabric and fingerprint. Every source honours ``source.nodeSelector`` (matchLabels and
+``resolve`` is a pure function from (FabricTopology, Nodes with labels, Kueue Topologies,
+Volcano HyperNodes, the previous result) to an ordinary FabricTopology: nodes numbered
+0..n-1 in (block, node name) order with their blocks, ``source`` cleared, and the source's
+problems as notes (they reach the FabricTopology's Ready condition through
+``fabric.base_fabric``). The same cluster described by hand gives the same FabricTopology, so
+the same fabric and fingerprint. Every source honours ``source.nodeSelector`` (matchLabels and
 matchExpressions): a node it does not select is not in the fabric, whatever the source says.
 
 Sources, as their public definitions give them (checked against the upstream sources):
@@ -51,17 +51,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from choreo_operator.model import (
-    FabricSource,
-    FabricSpec,
-    HyperNode,
-    HyperNodeMember,
-    KueueTopology,
-    NodeInfo,
-)
+from choreo_api import FabricNode, FabricSource, FabricTopology
+from choreo_operator.model import HyperNode, HyperNodeMember, KueueTopology, NodeInfo
 
 HOSTNAME = "kubernetes.io/hostname"
 TOPOGRAPH_SPINE = "network.topology.nvidia.com/spine"
@@ -78,29 +72,30 @@ class _Found:
     empty: str | None = None  # why the source yields no node at all
 
 
-def resolve(spec: FabricSpec, nodes: Mapping[str, NodeInfo],
+Notes = tuple[str, ...]
+
+
+def resolve(ft: FabricTopology, nodes: Mapping[str, NodeInfo],
             topologies: Iterable[KueueTopology] = (), hypernodes: Iterable[HyperNode] = (),
-            previous: FabricSpec | None = None) -> FabricSpec:
-    """The FabricSpec ``spec.source`` describes, its problems in ``notes``; ``spec`` itself if
-    it has no source. ``previous`` is the last result for the same source, if any."""
-    src = spec.source
+            previous: FabricTopology | None = None) -> tuple[FabricTopology, Notes]:
+    """The FabricTopology ``spec.source`` describes and the source's problems; ``ft`` itself
+    if it has no source. ``previous`` is the last result for the same source, if any."""
+    src = ft.spec.source
     if src is None:
-        return spec
+        return ft, ()
     labels = {name: info.label_map for name, info in nodes.items()}
+    selector = src.node_selector
     selected = {n: lab for n, lab in labels.items()
-                if src.node_selector is None or src.node_selector.matches(lab)}
-    if src.kind == "topograph":
-        found = _topograph(src, selected)
-    elif src.kind == "kueue":
-        found = _kueue(src, selected, topologies)
-    elif src.kind == "volcano":
-        found = _volcano(selected, labels, hypernodes)
+                if selector is None or selector.empty or selector.matches(lab)}
+    if src.topograph is not None:
+        found = _topograph(src, src.topograph.block_label, selected)
+    elif src.kueue is not None:
+        found = _kueue(src, src.kueue.topology, selected, topologies)
     else:
-        found = _Found(empty=f"unknown source {src.kind}")
+        found = _volcano(selected, labels, hypernodes)
     last: dict[str, str] = {}
     if previous is not None:
-        before = dict(previous.blocks)
-        last = {n: before.get(n, "") for n, _ in previous.nodes}
+        last = {n.name: n.block or "" for n in previous.spec.nodes or ()}
     notes = list(found.problems)
     members = dict(found.blocks)
     if found.empty is not None:
@@ -118,17 +113,17 @@ def resolve(spec: FabricSpec, nodes: Mapping[str, NodeInfo],
             else:
                 notes.append(f"{why} (left out)")
     order = sorted(members, key=lambda n: (members[n], n))
-    return replace(spec, nodes=tuple((n, i) for i, n in enumerate(order)),
-                   blocks=tuple(sorted((n, b) for n, b in members.items() if b)),
-                   source=None, notes=tuple(notes))
+    spec = ft.spec.model_copy(update={"source": None, "nodes": tuple(
+        FabricNode(name=n, position=i, block=members[n] or None) for i, n in enumerate(order))})
+    return ft.model_copy(update={"spec": spec}), tuple(notes)
 
 
 def _selector_text(src: FabricSource) -> str:
-    return " selected by source.nodeSelector" if src.node_selector is not None else ""
+    selector = src.node_selector
+    return "" if selector is None or selector.empty else " selected by source.nodeSelector"
 
 
-def _topograph(src: FabricSource, nodes: Mapping[str, Mapping[str, str]]) -> _Found:
-    key = src.block_label
+def _topograph(src: FabricSource, key: str, nodes: Mapping[str, Mapping[str, str]]) -> _Found:
     out = _Found()
     for name, labels in nodes.items():
         if key not in labels:
@@ -166,12 +161,12 @@ def _tree(out: _Found, child: Mapping[str, str], parent: Mapping[str, str], chil
                              f"(its other nodes say {major})")
 
 
-def _kueue(src: FabricSource, nodes: Mapping[str, Mapping[str, str]],
+def _kueue(src: FabricSource, name: str, nodes: Mapping[str, Mapping[str, str]],
            topologies: Iterable[KueueTopology]) -> _Found:
     out = _Found()
-    topo = next((t for t in topologies if t.name == src.topology), None)
+    topo = next((t for t in topologies if t.name == name), None)
     if topo is None:
-        out.empty = f"Kueue Topology {src.topology} not found"
+        out.empty = f"Kueue Topology {name} not found"
         return out
     levels = list(topo.levels)
     upper = levels[:-1] if levels and levels[-1] == HOSTNAME else levels
@@ -254,32 +249,35 @@ class Resolver:
     resolution reads has changed (a round re-reads every input)."""
 
     def __init__(self) -> None:
-        self._last: dict[str, tuple[Any, FabricSpec]] = {}
+        self._last: dict[str, tuple[Any, tuple[FabricTopology, Notes]]] = {}
 
-    def resolve_all(self, fabrics: Iterable[FabricSpec], nodes: Mapping[str, NodeInfo],
+    def resolve_all(self, fabrics: Iterable[FabricTopology], nodes: Mapping[str, NodeInfo],
                     topologies: Iterable[KueueTopology] = (),
-                    hypernodes: Iterable[HyperNode] = ()) -> list[FabricSpec]:
+                    hypernodes: Iterable[HyperNode] = ()) -> list[tuple[FabricTopology, Notes]]:
+        """Each FabricTopology resolved, with its notes."""
         fabrics = list(fabrics)
         inputs: Any = None
-        out = []
-        for spec in fabrics:
-            if spec.source is None:
-                out.append(spec)
+        out: list[tuple[FabricTopology, Notes]] = []
+        for ft in fabrics:
+            if ft.spec.source is None:
+                out.append((ft, ()))
                 continue
             if inputs is None:
                 topologies, hypernodes = list(topologies), list(hypernodes)
                 inputs = (tuple(sorted((n.name, n.labels) for n in nodes.values())),
                           tuple(sorted(topologies, key=lambda t: t.name)),
                           tuple(sorted(hypernodes, key=lambda h: h.name)))
-            key = (spec, inputs)
-            last = self._last.get(spec.name)
+            key = (ft, inputs)
+            name = ft.metadata.name
+            last = self._last.get(name)
             if last is not None and last[0] == key:
                 out.append(last[1])
                 continue
-            previous = last[1] if last is not None and last[0][0].source == spec.source else None
-            resolved = resolve(spec, nodes, topologies, hypernodes, previous)
-            self._last[spec.name] = (key, resolved)
+            same = last is not None and last[0][0].spec.source == ft.spec.source
+            previous = last[1][0] if last is not None and same else None
+            resolved = resolve(ft, nodes, topologies, hypernodes, previous)
+            self._last[name] = (key, resolved)
             out.append(resolved)
-        for name in set(self._last) - {f.name for f in fabrics}:
+        for name in set(self._last) - {f.metadata.name for f in fabrics}:
             del self._last[name]
         return out

@@ -15,39 +15,43 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from choreo_api import CollectiveJob
 from choreo_operator import results
-from choreo_operator.model import JobSpec
+from choreo_operator.model import resumed
 
 VOLUME = "choreo-schedule"
 ANN_SCHEDULE = "choreo.dev/schedule"
 ANN_JOB = "choreo.dev/collectivejob"
 
 
-def find_job(pod: Mapping[str, Any], jobs: Iterable[JobSpec]) -> JobSpec | None:
+def find_job(pod: Mapping[str, Any], jobs: Iterable[CollectiveJob]) -> CollectiveJob | None:
     meta = pod.get("metadata") or {}
     namespace = meta.get("namespace")
     labels = meta.get("labels") or {}
-    matches = sorted((j for j in jobs if j.namespace == namespace and not j.deleting
-                      and j.selector.matches(labels)), key=lambda j: j.name)
+    matches = sorted((j for j in jobs if j.namespace == namespace
+                      and j.metadata.deletion_timestamp is None
+                      and j.spec.selector.matches(labels)), key=lambda j: j.name)
     return matches[0] if matches else None
 
 
-def schedule_for(pod: Mapping[str, Any], job: JobSpec) -> str | None:
+def schedule_for(pod: Mapping[str, Any], job: CollectiveJob) -> str | None:
     """The ConfigMap this pod should mount: the job's, or its rank's part of a split one."""
-    if not job.parts:
-        return job.config_map
+    parts = resumed(job).config_map_parts
+    if not parts:
+        return resumed(job).config_map
     meta = pod.get("metadata") or {}
-    value = {**(meta.get("annotations") or {}), **(meta.get("labels") or {})}.get(job.rank_label)
+    value = {**(meta.get("annotations") or {}),
+             **(meta.get("labels") or {})}.get(job.spec.rank_label)
     try:
         rank = int(value) if value is not None else None
     except ValueError:
         rank = None
     if rank is None:
         return None
-    return next((name for name, _first, _last, pod_rank in job.parts if pod_rank == rank), None)
+    return next((p.name for p in parts if p.pod_rank == rank), None)
 
 
-def mutation(pod: Mapping[str, Any], jobs: Iterable[JobSpec]) -> dict[str, Any] | None:
+def mutation(pod: Mapping[str, Any], jobs: Iterable[CollectiveJob]) -> dict[str, Any] | None:
     """The changed parts of the pod (``volumes``, ``containers``, annotations), or None."""
     spec = pod.get("spec") or {}
     volumes = list(spec.get("volumes") or [])
@@ -56,19 +60,20 @@ def mutation(pod: Mapping[str, Any], jobs: Iterable[JobSpec]) -> dict[str, Any] 
     job = find_job(pod, jobs)
     if job is None:
         return None
-    name = schedule_for(pod, job) if job.config_map else None
+    name = schedule_for(pod, job) if resumed(job).config_map else None
+    dialect = job.spec.dialect
     env: list[dict[str, Any]]
     if name is not None:
-        files = list(job.files)
+        files = list(resumed(job).files or ())
         source: dict[str, Any] = {"name": name, "items": results.volume_items(files)}
-        env = [{"name": k, "value": v} for k, v in results.pod_env(files, job.dialect).items()]
+        env = [{"name": k, "value": v} for k, v in results.pod_env(files, dialect).items()]
     else:  # no schedule yet: the alias, filled in (and refreshed by the kubelet) once it exists
         name = results.alias_name(job.name)
         files = results.possible_files(job)
         source = {"name": name, "items": results.volume_items(files), "optional": True}
-        env = [{"name": k, "value": v} for k, v in results.pod_env(files, job.dialect).items()]
+        env = [{"name": k, "value": v} for k, v in results.pod_env(files, dialect).items()]
         env += [{"name": k, "valueFrom": {"configMapKeyRef": {
-            "name": name, "key": k, "optional": True}}} for k in results.MSCCL_OFF[job.dialect]]
+            "name": name, "key": k, "optional": True}}} for k in results.MSCCL_OFF[dialect]]
     volumes.append({"name": VOLUME, "configMap": {**source, "defaultMode": 0o444}})
     containers = []
     for c in spec.get("containers") or []:

@@ -6,7 +6,8 @@ The Kueue and Volcano CRDs (minimal copies under testdata/) exist before the ope
 as kopf only serves resources it finds at startup. The operator reads the FabricTopology
 named first, and its status cache outlives a deleted FabricTopology, so each phase creates
 the same name on a freshly started operator: equal status fingerprints then mean equal
-FabricSpecs (nodes, positions, blocks, inter-node model) and so equal fabrics.
+FabricTopologies as the operator reads them (nodes, positions, blocks, inter-node model) and
+so equal fabrics.
 """
 
 from __future__ import annotations
@@ -162,7 +163,8 @@ def test_each_source_gives_the_hand_written_fabric_and_follows_changes(world: Wo
                            for i, n in enumerate(order)]}
     with w.phase(hand_spec) as hand:
         assert hand["nodes"] == 4 and hand["gpus"] == 32 and _ready(hand)["status"] == "True"
-        written = model.fabric_spec(w.cluster.client.get(f"{GROUP}/fabrictopologies/{NAME}"))
+        written = model.fabric_topology(
+            w.cluster.client.get(f"{GROUP}/fabrictopologies/{NAME}"))
     selector = {"matchLabels": {"nvidia.com/gpu.present": "true"}}
     for source in ({"topograph": {}}, {"kueue": {"topology": w.kueue}}, {"volcano": {}}):
         with w.phase({"source": {**source, "nodeSelector": selector}}) as got:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from choreo_agents.backends import RawHealth
 from choreo_agents.health import HealthMonitor, Hysteresis, State
-from choreo_agents.model import DeviceKey, Gpu, HealthSample, Inventory, LinkSpec, Peer
+from choreo_agents.model import Gpu, HealthSample, Inventory, LinkSpec, Peer
+from choreo_api import Device
 
-LINK = DeviceKey.of_link(0, Peer(gpu=1))
+LINK = Device.link(0, gpu=1)
 INV = Inventory(
     "sim",
     (Gpu(0), Gpu(1)),
@@ -88,19 +89,19 @@ def test_monitor_reports_lost_gpus_down_links_and_xid_windows() -> None:
     monitor = HealthMonitor(xid_hold=5.0)
     raw = RawHealth(gpu_present={0: True, 1: False}, link_up={LINK: False}, xids=[(0, 79)])
     sample = monitor.observe(INV, raw, 0.0)
-    assert sample.observations[DeviceKey.of_gpu(1)].bad
+    assert sample.observations[Device.of_gpu(1)].bad
     assert sample.observations[LINK].reason == "link down"
-    assert "fallen off the bus" in sample.observations[DeviceKey.of_gpu(0)].reason
+    assert "fallen off the bus" in sample.observations[Device.of_gpu(0)].reason
     later = monitor.observe(INV, RawHealth(), 3.0)
-    assert later.observations[DeviceKey.of_gpu(0)].bad  # held
-    assert not monitor.observe(INV, RawHealth(), 6.0).observations[DeviceKey.of_gpu(0)].bad
+    assert later.observations[Device.of_gpu(0)].bad  # held
+    assert not monitor.observe(INV, RawHealth(), 6.0).observations[Device.of_gpu(0)].bad
 
 
 def test_nvlink_xid_marks_that_gpus_links() -> None:
     monitor = HealthMonitor()
     sample = monitor.observe(INV, RawHealth(xids=[(1, 74)]), 0.0)
     assert "NVLink error" in sample.observations[LINK].reason
-    assert not sample.observations[DeviceKey.of_gpu(1)].bad
+    assert not sample.observations[Device.of_gpu(1)].bad
 
 
 def test_unknown_xids_and_out_of_range_gpus_are_ignored() -> None:

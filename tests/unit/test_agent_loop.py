@@ -16,11 +16,12 @@ from choreo_agents.backends.script import parse_script
 from choreo_agents.backends.sim import SimBackend
 from choreo_agents.kube import ApiError
 from choreo_agents.metrics import AgentMetrics
-from choreo_agents.publisher import GROUP, PROBE_REQUEST, Publisher
+from choreo_agents.publisher import PROBE_REQUEST, Publisher
 from choreo_agents.report import fabric_spec, significant
+from choreo_api import API_VERSION, NodeFabricSpec
 
 NS = "choreo-system"
-FABRIC = f"/apis/{GROUP}/namespaces/{NS}/nodefabrics/n0"
+FABRIC = f"/apis/{API_VERSION}/namespaces/{NS}/nodefabrics/n0"
 
 
 class FakeApi:
@@ -145,7 +146,7 @@ def test_link_failure_opens_a_device_failure_and_recovery_resolves_it() -> None:
         "events: [{at: 2s, link-down: [1, 4]}, {at: 4s, link-up: [1, 4]}]"
     )
     step(agent, clock, ticks=6)  # t = 0 .. 2.5
-    name = f"/apis/{GROUP}/devicefailures/n0-link-1-4"
+    name = f"/apis/{API_VERSION}/devicefailures/n0-link-1-4"
     failure = api.objects[name]
     assert failure["spec"] == {
         "node": "n0",
@@ -169,7 +170,7 @@ def test_gpu_loss_is_one_failure_and_marks_its_links_unusable() -> None:
     agent, api, clock = make_agent("events: [{at: 1s, gpu-lost: 3}]")
     step(agent, clock, ticks=6)
     failures = [p for p in api.objects if "/devicefailures/" in p]
-    assert failures == [f"/apis/{GROUP}/devicefailures/n0-gpu3"]
+    assert failures == [f"/apis/{API_VERSION}/devicefailures/n0-gpu3"]
     spec = api.objects[FABRIC]["spec"]
     assert spec["gpus"][3]["healthy"] is False
     assert all(not ln["healthy"] for ln in spec["links"] if 3 in (ln["src"], ln.get("dstGPU")))
@@ -178,7 +179,8 @@ def test_gpu_loss_is_one_failure_and_marks_its_links_unusable() -> None:
 def test_switch_port_failure_names_the_switch() -> None:
     agent, api, clock = make_agent("events: [{at: 0, link-down: [2, sw-nvswitch]}]", "dgx-h100-1")
     step(agent, clock, ticks=3)
-    device = api.objects[f"/apis/{GROUP}/devicefailures/n0-link-2-sw-nvswitch"]["spec"]["device"]
+    path = f"/apis/{API_VERSION}/devicefailures/n0-link-2-sw-nvswitch"
+    device = api.objects[path]["spec"]["device"]
     assert device == {"type": "link", "gpu": 2, "switch": "sw-nvswitch"}
 
 
@@ -188,7 +190,7 @@ def test_a_flapping_link_produces_one_failure_not_a_storm() -> None:
     )
     step(agent, clock, ticks=60)
     writes = [w for w in api.writes if "devicefailures" in w[1]]
-    assert writes == [("create", f"/apis/{GROUP}/devicefailures/n0-link-0-1")]
+    assert writes == [("create", f"/apis/{API_VERSION}/devicefailures/n0-link-0-1")]
 
 
 def test_degraded_link_is_remeasured_and_republished() -> None:
@@ -226,7 +228,7 @@ def test_rejected_writes_back_off_and_keep_the_last_good_fabric() -> None:
     clock.now += 60.0
     step(agent, clock, ticks=2)
     assert api.objects[FABRIC]["spec"]["gpus"][0]["healthy"] is False
-    assert f"/apis/{GROUP}/devicefailures/n0-gpu0" in api.objects
+    assert f"/apis/{API_VERSION}/devicefailures/n0-gpu0" in api.objects
 
 
 def test_discovery_failure_is_retried_not_fatal() -> None:
@@ -278,7 +280,7 @@ def test_probe_request_annotation_triggers_a_full_probe_and_is_cleared() -> None
 
 def test_restart_adopts_open_failures_and_resolves_them_once_healthy() -> None:
     api = FakeApi()
-    path = f"/apis/{GROUP}/devicefailures/n0-gpu5"
+    path = f"/apis/{API_VERSION}/devicefailures/n0-gpu5"
     api.objects[path] = {
         "metadata": {"name": "n0-gpu5", "labels": {"choreo.dev/node": "n0"}, "generation": 1},
         "spec": {"node": "n0", "device": {"type": "gpu", "gpu": 5}, "reason": "XID 79",
@@ -308,16 +310,17 @@ def test_significance_ignores_noise_but_not_structure() -> None:
     agent, _, clock = make_agent()
     step(agent, clock, ticks=3)
     spec = agent.spec()
-    noisy = copy.deepcopy(spec)
-    for link in noisy["links"]:
-        link["bandwidthBytesPerSecond"] *= 1.05
-        link["alphaSeconds"] += 30e-9
-    assert not significant(spec, noisy, 0.1)
-    moved = copy.deepcopy(spec)
-    moved["links"][0]["bandwidthBytesPerSecond"] *= 0.8
-    assert significant(spec, moved, 0.1)
-    sick = copy.deepcopy(spec)
-    sick["gpus"][0]["healthy"] = False
+
+    def links(scale: float, shift: float, first_only: bool = False) -> NodeFabricSpec:
+        return spec.model_copy(update={"links": tuple(
+            ln.model_copy(update={"bandwidth": ln.bandwidth * scale,
+                                  "alpha": (ln.alpha or 0.0) + shift})
+            if i == 0 or not first_only else ln for i, ln in enumerate(spec.links))})
+
+    assert not significant(spec, links(1.05, 30e-9), 0.1)
+    assert significant(spec, links(0.8, 0.0, first_only=True), 0.1)
+    sick = spec.model_copy(update={"gpus": (
+        spec.gpus[0].model_copy(update={"healthy": False}), *spec.gpus[1:])})
     assert significant(spec, sick, 0.1)
     assert significant(None, spec, 0.1)
 
@@ -327,9 +330,9 @@ def test_fabric_spec_reports_per_link_bandwidth_for_parallel_links() -> None:
     step(agent, clock, ticks=3)
     assert agent.inventory is not None
     spec = fabric_spec("n0", agent.inventory, agent.fits, {})
-    double = next(ln for ln in spec["links"] if ln["count"] == 2)
-    assert double["bandwidthBytesPerSecond"] == pytest.approx(25e9, rel=0.05)
-    assert double["fit"]["samples"] >= 40
+    double = next(ln for ln in spec.links if ln.count == 2)
+    assert double.bandwidth == pytest.approx(25e9, rel=0.05)
+    assert double.fit is not None and (double.fit.samples or 0) >= 40
 
 
 def test_a_nic_port_down_is_one_failure_and_its_link_unusable() -> None:

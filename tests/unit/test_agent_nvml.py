@@ -17,7 +17,8 @@ from choreo_agents.backends.dcgm import DcgmSource, parse_metrics
 from choreo_agents.backends.nvml import SWITCH, NvmlBackend
 from choreo_agents.backends.sysfs import discover_nics, normalize_bus_id
 from choreo_agents.health import HealthMonitor
-from choreo_agents.model import DeviceKey, Gpu, Peer
+from choreo_agents.model import Gpu, Peer
+from choreo_api import Device
 
 CONSTANTS = {
     "NVML_FEATURE_DISABLED": 0,
@@ -261,8 +262,8 @@ def test_health_reports_down_partial_lost_counters_and_xids() -> None:
     nvml = cube_mesh()
     backend = NvmlBackend(nvml, sysfs_root=Path("/nonexistent"))
     inv = backend.discover()
-    pair01 = DeviceKey.of_link(0, Peer(gpu=1))
-    pair02 = DeviceKey.of_link(0, Peer(gpu=2))
+    pair01 = Device.link(0, gpu=1)
+    pair02 = Device.link(0, gpu=2)
     raw = backend.health(inv)
     assert all(raw.gpu_present.values()) and raw.link_up[pair01] and raw.link_up[pair02]
     assert raw.counters[pair01] == {"crc": 0.0, "replay": 0.0, "recovery": 0.0}
@@ -284,7 +285,7 @@ def test_health_reports_down_partial_lost_counters_and_xids() -> None:
     nvml.gpus[3].lost = True
     raw = backend.health(inv)
     assert raw.gpu_present[3] is False
-    assert raw.counters[DeviceKey.of_link(2, Peer(gpu=3))] == {
+    assert raw.counters[Device.link(2, gpu=3)] == {
         "crc": 0.0,
         "replay": 0.0,
         "recovery": 0.0,
@@ -298,7 +299,7 @@ def test_a_link_already_down_at_discovery_is_still_known() -> None:
     backend = NvmlBackend(nvml, sysfs_root=Path("/nonexistent"))
     inv = backend.discover()
     assert inv.link(0, Peer(gpu=2)) is not None
-    assert backend.health(inv).link_up[DeviceKey.of_link(0, Peer(gpu=2))] is False
+    assert backend.health(inv).link_up[Device.link(0, gpu=2)] is False
 
 
 def test_lost_gpu_and_fatal_xid_become_bad_observations() -> None:
@@ -309,9 +310,9 @@ def test_lost_gpu_and_fatal_xid_become_bad_observations() -> None:
     nvml.gpus[1].lost = True
     nvml.events.append(EventData(2, 8, 48))
     sample = monitor.observe(inv, backend.health(inv), now=1.0)
-    assert sample.observations[DeviceKey.of_gpu(1)].bad
-    assert "XID 48" in sample.observations[DeviceKey.of_gpu(2)].reason
-    assert not sample.observations[DeviceKey.of_gpu(0)].bad
+    assert sample.observations[Device.of_gpu(1)].bad
+    assert "XID 48" in sample.observations[Device.of_gpu(2)].reason
+    assert not sample.observations[Device.of_gpu(0)].bad
 
 
 def test_a_gpu_that_vanishes_during_discovery_fails_discovery_cleanly() -> None:

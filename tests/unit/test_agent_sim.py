@@ -13,8 +13,9 @@ from choreo_agents.backends import BackendError
 from choreo_agents.backends.script import ScriptError, load_script, parse_script
 from choreo_agents.backends.sim import SimBackend, machines, select_machine
 from choreo_agents.fit import fit_alpha_beta
-from choreo_agents.model import DeviceKey, Peer
+from choreo_agents.model import Peer
 from choreo_agents.probes import ProbeError
+from choreo_api import Device
 
 
 def test_dgx_h100_node_has_switch_links_and_rail_nics() -> None:
@@ -109,15 +110,15 @@ events:
         now,
     )
     inv = sim.discover()
-    l14 = DeviceKey.of_link(1, Peer(gpu=4))
+    l14 = Device.link(1, gpu=4)
     raw = sim.health(inv)
     assert raw.link_up[l14] and raw.gpu_present[2] and raw.xids == []
     now[0] = 1.5
     raw = sim.health(inv)
     assert not raw.link_up[l14] and not raw.gpu_present[2]
     assert raw.xids == [(4, 79)]
-    assert raw.counters[DeviceKey.of_link(0, Peer(gpu=3))] == {"replay": 50.0}
-    assert "50%" in raw.link_partial[DeviceKey.of_link(0, Peer(gpu=1))]
+    assert raw.counters[Device.link(0, gpu=3)] == {"replay": 50.0}
+    assert "50%" in raw.link_partial[Device.link(0, gpu=1)]
     got = sim.measure(inv.links)
     errors = {str(v) for v in got.values() if isinstance(v, ProbeError)}
     assert "link 1->gpu4 is down" in errors and "gpu2 is lost" in errors
@@ -133,7 +134,7 @@ def test_flapping_alternates_until_its_end() -> None:
     now = [0.0]
     sim = _sim_with("events: [{at: 0, link-flapping: [0, 1], period: 1s, until: 4s}]", now)
     inv = sim.discover()
-    key = DeviceKey.of_link(0, Peer(gpu=1))
+    key = Device.link(0, gpu=1)
     states = []
     for t in (0.1, 0.6, 1.1, 1.6, 4.5):
         now[0] = t

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
+from api_helpers import fabric, failure, node_fabric, valid
+
 from choreo import generators
 from choreo.topology import Topology
+from choreo_api import DeviceFailure
+from choreo_operator import model
 from choreo_operator.fabric import Subfabrics, build_fabric, subfabric
-from choreo_operator.model import (
-    DeviceFailureSpec,
-    FabricSpec,
-    GpuInfo,
-    LinkInfo,
-    NicInfo,
-    NodeFabricSpec,
-    fabric_spec,
-)
-
-
-def _spec(n: int = 2, **kw: object) -> FabricSpec:
-    return FabricSpec("f", 1, tuple((f"n{i}", i) for i in range(n)), **kw)  # type: ignore[arg-type]
 
 
 def test_preset_rails_match_the_generator() -> None:
-    fab = build_fabric(_spec(4, inter_type="rail", rails=8), {})
+    fab = build_fabric(fabric(4, type="rail", rails=8), {})
     ref = generators.dgx_h100(4)
     topo = fab.topology
     assert len(topo.all_npus) == 32 and len(topo.links) == len(ref.links)
@@ -31,7 +22,7 @@ def test_preset_rails_match_the_generator() -> None:
 
 
 def test_fewer_rails_than_gpus_share_nics() -> None:
-    topo = build_fabric(_spec(2, inter_type="rail", rails=2), {}).topology
+    topo = build_fabric(fabric(2, type="rail", rails=2), {}).topology
     names = [topo.node_name(v) for v in topo.switches]
     assert {"n0/nic0", "n0/nic1", "n1/nic0", "n1/nic1", "rail0", "rail1"} <= set(names)
     nic = names.index("n0/nic1")
@@ -40,16 +31,16 @@ def test_fewer_rails_than_gpus_share_nics() -> None:
 
 
 def test_failures_and_down_nodes() -> None:
-    failures = [DeviceFailureSpec("g", "n0", "gpu", gpu=3),
-                DeviceFailureSpec("r", "n0", "gpu", gpu=5, resolved=True),
-                DeviceFailureSpec("x", "nope", "gpu", gpu=1),
-                DeviceFailureSpec("y", "n0", "gpu", gpu=99),
-                DeviceFailureSpec("l", "n1", "link", gpu=0, peer_gpu=1)]
-    fab = build_fabric(_spec(3, inter_type="rail", rails=8), {}, failures, down_nodes=["n2"])
+    failures = [failure("g", "n0", "gpu", gpu=3),
+                failure("r", "n0", "gpu", gpu=5, resolved=True),
+                failure("x", "nope", "gpu", gpu=1),
+                failure("y", "n0", "gpu", gpu=60),
+                failure("l", "n1", "link", gpu=0, peer_gpu=1)]
+    fab = build_fabric(fabric(3, type="rail", rails=8), {}, failures, down_nodes=["n2"])
     failed = {fab.topology.node_name(v) for v in fab.topology.failed}
     assert failed == {"n0/gpu3"} | {f"n2/gpu{g}" for g in range(8)}
     assert set(fab.problems) == {"x", "y", "l"}  # dgx-h100 GPUs have no direct links
-    assert "not in FabricTopology" in fab.problems["x"] and "no GPU 99" in fab.problems["y"]
+    assert "not in FabricTopology" in fab.problems["x"] and "no GPU 60" in fab.problems["y"]
     # built from the healthy fabric's adjacency: the same as a fabric built from scratch
     topo = fab.topology
     fresh = Topology(topo.name, topo.kinds, topo.links, topo.failed, topo.names)
@@ -59,8 +50,8 @@ def test_failures_and_down_nodes() -> None:
 
 
 def test_dgx1_link_failure_cuts_both_directions() -> None:
-    fab = build_fabric(_spec(1, preset="dgx1"), {},
-                       [DeviceFailureSpec("l", "n0", "link", gpu=0, peer_gpu=1)])
+    fab = build_fabric(fabric(1, intra={"preset": "dgx1"}), {},
+                       [failure("l", "n0", "link", gpu=0, peer_gpu=1)])
     topo = fab.topology
     bad = [lk for lk in topo.links if not lk.healthy]
     assert bad and {(lk.src, lk.dst) for lk in bad} == {(0, 1), (1, 0)}
@@ -68,24 +59,29 @@ def test_dgx1_link_failure_cuts_both_directions() -> None:
 
 
 def test_nic_failure_cuts_the_nic() -> None:
-    fab = build_fabric(_spec(2, inter_type="rail", rails=2), {},
-                       [DeviceFailureSpec("n", "n1", "nic", nic="nic0")])
+    fab = build_fabric(fabric(2, type="rail", rails=2), {},
+                       [failure("n", "n1", "nic", nic="nic0")])
     topo = fab.topology
     nic = topo.names.index("n1/nic0")
     assert all(not topo.links[i].healthy for i in (*topo.in_links(nic), *topo.out_links(nic)))
     assert sum(not lk.healthy for lk in topo.links) == 2 * (4 + 1)
     fresh = Topology(topo.name, topo.kinds, topo.links, topo.failed, topo.names)
     assert topo == fresh and topo.fingerprint() == fresh.fingerprint()
-    assert build_fabric(_spec(2, inter_type="rail", rails=2), {}).topology != topo
+    assert build_fabric(fabric(2, type="rail", rails=2), {}).topology != topo
 
 
 def test_agent_node_fabric_replaces_the_preset() -> None:
-    nf = NodeFabricSpec("n1", (GpuInfo(0), GpuInfo(1), GpuInfo(2, healthy=False)), (
-        LinkInfo(0, 1, None, None, "nvlink", 2, 1e-6, 25e9),
-        LinkInfo(1, 0, None, None, "nvlink", 2, 1e-6, 25e9),
-        LinkInfo(0, None, None, "mlx5_0", "pcie", 1, 0.0, 32e9, healthy=False),
-    ), (NicInfo("mlx5_0", 0, 50e9, 0),))
-    fab = build_fabric(_spec(2, inter_type="rail", rails=1), {"n1": nf})
+    nf = node_fabric({"nodeName": "n1", "gpus": [
+        {"index": 0}, {"index": 1}, {"index": 2, "healthy": False}], "links": [
+        {"src": 0, "dstGPU": 1, "kind": "nvlink", "count": 2, "alphaSeconds": 1e-6,
+         "bandwidthBytesPerSecond": 25e9},
+        {"src": 1, "dstGPU": 0, "kind": "nvlink", "count": 2, "alphaSeconds": 1e-6,
+         "bandwidthBytesPerSecond": 25e9},
+        {"src": 0, "dstNIC": "mlx5_0", "kind": "pcie", "bandwidthBytesPerSecond": 32e9,
+         "healthy": False}],
+        "nics": [{"name": "mlx5_0", "rail": 0, "bandwidthBytesPerSecond": 50e9,
+                  "nearestGPU": 0}]})
+    fab = build_fabric(fabric(2, type="rail", rails=1), {"n1": nf})
     topo = fab.topology
     assert fab.node_gpus["n1"] == (8, 9, 10)
     assert topo.node_name(10) in {topo.node_name(v) for v in topo.failed}
@@ -100,16 +96,22 @@ def test_agent_node_fabric_replaces_the_preset() -> None:
 
 
 def test_shared_agent_nic_stays_a_switch_and_nic_failures_apply() -> None:
-    links = tuple(LinkInfo(g, None, None, "mlx5_0", "pcie", 1, 0.0, 32e9) for g in (0, 1))
-    shared = NodeFabricSpec("n1", (GpuInfo(0), GpuInfo(1)), links, (NicInfo("mlx5_0", 0, 50e9, 0),))
-    topo = build_fabric(_spec(2, inter_type="rail", rails=1), {"n1": shared}).topology
+    def nic(name: str, rail: int) -> dict[str, object]:
+        return {"name": name, "rail": rail, "bandwidthBytesPerSecond": 50e9, "nearestGPU": rail}
+
+    def pcie(gpu: int, nic: str, bandwidth: float) -> dict[str, object]:
+        return {"src": gpu, "dstNIC": nic, "kind": "pcie", "bandwidthBytesPerSecond": bandwidth}
+
+    gpus = [{"index": 0}, {"index": 1}]
+    shared = node_fabric({"nodeName": "n1", "gpus": gpus, "nics": [nic("mlx5_0", 0)],
+                          "links": [pcie(g, "mlx5_0", 32e9) for g in (0, 1)]})
+    topo = build_fabric(fabric(2, type="rail", rails=1), {"n1": shared}).topology
     assert "n1/mlx5_0" in topo.names
-    own = NodeFabricSpec("n1", (GpuInfo(0), GpuInfo(1)), (
-        LinkInfo(0, None, None, "mlx5_0", "pcie", 1, 0.0, 49.7e9),
-        LinkInfo(1, None, None, "mlx5_1", "pcie", 1, 0.0, 50.2e9)),
-        (NicInfo("mlx5_0", 0, 50e9, 0), NicInfo("mlx5_1", 1, 50e9, 1)))
-    fab = build_fabric(_spec(2, inter_type="rail", rails=2), {"n1": own},
-                       [DeviceFailureSpec("f", "n1", "nic", nic="mlx5_1")])
+    own = node_fabric({"nodeName": "n1", "gpus": gpus,
+                       "links": [pcie(0, "mlx5_0", 49.7e9), pcie(1, "mlx5_1", 50.2e9)],
+                       "nics": [nic("mlx5_0", 0), nic("mlx5_1", 1)]})
+    fab = build_fabric(fabric(2, type="rail", rails=2), {"n1": own},
+                       [failure("f", "n1", "nic", nic="mlx5_1")])
     topo = fab.topology
     assert not fab.problems
     gpu1, rail1 = topo.names.index("n1/gpu1"), topo.names.index("rail1")
@@ -121,7 +123,7 @@ def test_shared_agent_nic_stays_a_switch_and_nic_failures_apply() -> None:
 
 
 def test_torus_links_neighbours_gpu_to_gpu() -> None:
-    topo = build_fabric(_spec(4, preset="generic", gpus=2, inter_type="torus", dims=(4,)),
+    topo = build_fabric(fabric(4, intra={"preset": "generic", "gpus": 2}, type="torus", dims=[4]),
                         {}).topology
     optical = {(topo.node_name(lk.src), topo.node_name(lk.dst)) for lk in topo.links
                if lk.kind == "optical"}
@@ -130,12 +132,12 @@ def test_torus_links_neighbours_gpu_to_gpu() -> None:
 
 
 def test_duplicate_positions_are_noted() -> None:
-    spec = FabricSpec("f", 1, (("a", 0), ("b", 0)))
+    spec = fabric([("a", 0), ("b", 0)])
     assert "share position 0" in build_fabric(spec, {}).notes[0]
 
 
 def test_subfabric_keeps_only_useful_switches() -> None:
-    fab = build_fabric(_spec(50, inter_type="rail", rails=2), {})
+    fab = build_fabric(fabric(50, type="rail", rails=2), {})
     npus = [fab.gpu("n0", g) for g in range(4)] + [fab.gpu("n1", g) for g in range(4)]
     sub, ids = subfabric(fab.topology, [v for v in npus if v is not None])
     names = {sub.node_name(v) for v in sub.switches}
@@ -147,8 +149,8 @@ def test_subfabric_keeps_only_useful_switches() -> None:
 def test_subfabric_holds_every_link_between_what_it_keeps() -> None:
     """The cut walks switch-to-switch links only; it must still hold exactly the links of
     the fabric between the nodes it keeps (checked against a scan of every link)."""
-    fab = build_fabric(_spec(6, inter_type="rail", rails=2), {},
-                       [DeviceFailureSpec("l", "n1", "nic", nic="nic1")])
+    fab = build_fabric(fabric(6, type="rail", rails=2), {},
+                       [failure("l", "n1", "nic", nic="nic1")])
     topo = fab.topology
     npus = [v for v in (fab.gpu(n, g) for n in ("n1", "n4") for g in range(8)) if v is not None]
     sub, ids = subfabric(topo, npus)
@@ -161,15 +163,15 @@ def test_subfabric_holds_every_link_between_what_it_keeps() -> None:
 
 
 def test_subfabrics_are_reused_until_their_own_health_changes() -> None:
-    spec = _spec(4, inter_type="rail", rails=8)
+    spec = fabric(4, type="rail", rails=8)
     before = build_fabric(spec, {}).topology
     cache = Subfabrics()
     fab = build_fabric(spec, {})
     mine = [v for v in (fab.gpu(n, g) for n in ("n0", "n1") for g in range(8)) if v is not None]
     first, _ = cache.get(before, mine, "t")
-    elsewhere = build_fabric(spec, {}, [DeviceFailureSpec("f", "n3", "gpu", gpu=2)]).topology
+    elsewhere = build_fabric(spec, {}, [failure("f", "n3", "gpu", gpu=2)]).topology
     assert cache.get(elsewhere, mine, "t")[0] is first
-    inside = build_fabric(spec, {}, [DeviceFailureSpec("f", "n0", "nic", nic="nic2")]).topology
+    inside = build_fabric(spec, {}, [failure("f", "n0", "nic", nic="nic2")]).topology
     cut, _ = cache.get(inside, mine, "t")
     assert cut is not first and cut == subfabric(inside, mine, "t")[0]
     assert sum(not lk.healthy for lk in cut.links) == 2
@@ -180,24 +182,27 @@ def test_subfabrics_are_reused_until_their_own_health_changes() -> None:
     assert cache.get(inside, mine, "t")[0] is not cut
 
 
-def test_fabric_spec_from_body() -> None:
-    spec = fabric_spec({"metadata": {"name": "x", "generation": 3}, "spec": {
+def test_fabric_topology_from_body() -> None:
+    ft = model.fabric_topology({"metadata": {"name": "x", "generation": 3}, "spec": {
         "nodes": [{"name": "b", "position": 1}, {"name": "a", "position": 0}],
         "intraNode": {"preset": "dgx1"}, "interNode": {"type": "torus", "dims": [2]}}})
-    assert spec.nodes == (("a", 0), ("b", 1)) and spec.preset == "dgx1" and spec.dims == (2,)
+    assert not isinstance(ft, model.Invalid)
+    assert [(n.name, n.position) for n in ft.spec.nodes or ()] == [("a", 0), ("b", 1)]
+    assert ft.spec.intra_node is not None and ft.spec.intra_node.preset == "dgx1"
+    assert ft.spec.inter_node.dims == (2,)
 
 
 def test_a_failed_gpu_to_nvswitch_link_is_applied() -> None:
     """The CRD and the agent name a GPU's link to its NVSwitch with ``device.switch``; the
     operator must take that link down, not look for a GPU pair."""
-    from choreo_operator.model import device_failure_spec
 
-    def failure(name: str, switch: str) -> DeviceFailureSpec:
-        return device_failure_spec({"metadata": {"name": name}, "spec": {
-            "node": "n0", "device": {"type": "link", "gpu": 3, "switch": switch}}})
+    def link_to(name: str, switch: str) -> DeviceFailure:
+        return valid(model.device_failure({"metadata": {"name": name}, "spec": {
+            "node": "n0", "source": "agent",
+            "device": {"type": "link", "gpu": 3, "switch": switch}}}))
 
-    fab = build_fabric(_spec(2, inter_type="rail", rails=8), {},
-                       [failure("down", "sw-nvswitch"), failure("bad", "sw-none")])
+    fab = build_fabric(fabric(2, type="rail", rails=8), {},
+                       [link_to("down", "sw-nvswitch"), link_to("bad", "sw-none")])
     topo = fab.topology
     gpu3, nvswitch = topo.names.index("n0/gpu3"), topo.names.index("n0/sw-nvswitch")
     port = [lk for lk in topo.links if {lk.src, lk.dst} == {gpu3, nvswitch}]

@@ -6,29 +6,18 @@ import asyncio
 import json
 
 import pytest
+from api_helpers import fabric, valid
+from api_helpers import job as _job
 
-from choreo_operator import results, status, webhook
+from choreo_api import CollectiveJob
+from choreo_operator import model, results, status, webhook
 from choreo_operator.debounce import Debouncer
 from choreo_operator.fabric import build_fabric
 from choreo_operator.grouping import Member, groups
-from choreo_operator.model import (
-    CollectiveSpec,
-    FabricSpec,
-    JobSpec,
-    PodInfo,
-    Selector,
-    job_spec,
-    pod_info,
-)
+from choreo_operator.model import PodInfo, pod_info
 from choreo_operator.placement import place
 
-FABRIC = build_fabric(FabricSpec("f", 1, (("n0", 0), ("n1", 1)), inter_type="rail", rails=1), {})
-COLL = (CollectiveSpec("grads", "allreduce", 1 << 20, 1 << 26),)
-
-
-def _job(name: str, **kw: object) -> JobSpec:
-    return JobSpec("ns", name, f"uid-{name}", 1, Selector((("t", name),)), COLL,
-                   **kw)  # type: ignore[arg-type]
+FABRIC = build_fabric(fabric(2, type="rail", rails=1), {})
 
 
 def _pod(name: str, tenant: str, node: str | None, gpus: int, rank: int | None,
@@ -66,8 +55,7 @@ def test_tenants_sharing_a_nic_group_and_partitioned_stay_alone() -> None:
     c = Member("c", (4, 5, 12, 13), False, ("executor", 1, "Simple"))
     d = Member("d", (6, 7, 14, 15), True, ("legacy", 1, "Simple"))
     assert [g.members for g in groups(topo, [a, b, c, d])] == [("a", "b"), ("c",), ("d",)]
-    per_gpu = build_fabric(FabricSpec("f", 1, (("n0", 0), ("n1", 1)), inter_type="rail",
-                                      rails=8), {}).topology
+    per_gpu = build_fabric(fabric(2, type="rail", rails=8), {}).topology
     assert len(groups(per_gpu, [a, b])) == 2  # one rail per GPU: nothing shared
 
 
@@ -95,7 +83,7 @@ def test_webhook_mutation() -> None:
             "spec": {"selector": {"matchLabels": {"t": "a"}}, "collectives": [
                 {"name": "grads", "collective": "allreduce", "minBytes": 1, "maxBytes": 2}]},
             "status": {"configMap": "a-123", "files": ["grads-0.xml", "grads-1.xml"]}}
-    job = job_spec(body)
+    job = valid(model.job(body))
     pod = {"metadata": {"namespace": "ns", "labels": {"t": "a"}},
            "spec": {"containers": [{"name": "c", "env": [{"name": "NCCL_ALGO", "value": "X"}]}]}}
     change = webhook.mutation(pod, [job])
@@ -107,18 +95,18 @@ def test_webhook_mutation() -> None:
     assert env["NCCL_ALGO"] == "X" and env["MSCCL_ALGO_DIR"] == "/etc/choreo/msccl"
     assert webhook.mutation({"metadata": {"namespace": "other", "labels": {"t": "a"}},
                              "spec": {"containers": []}}, [job]) is None
-    early = webhook.mutation(pod, [job_spec({**body, "status": {}})])
+    early = webhook.mutation(pod, [valid(model.job({**body, "status": {}}))])
     assert early is not None
     assert early["volumes"][-1]["configMap"]["name"] == "a-schedule"
     assert early["volumes"][-1]["configMap"]["optional"] is True
 
 
-def _scheduled_job(status: dict, dialect: str = "executor") -> JobSpec:
-    return job_spec({"metadata": {"name": "a", "namespace": "ns", "uid": "u"},
-                     "spec": {"selector": {"matchLabels": {"t": "a"}}, "dialect": dialect,
-                              "collectives": [{"name": "grads", "collective": "allreduce",
-                                               "minBytes": 1, "maxBytes": 2}]},
-                     "status": status})
+def _scheduled_job(status: dict, dialect: str = "executor") -> CollectiveJob:
+    return valid(model.job({"metadata": {"name": "a", "namespace": "ns", "uid": "u"},
+                            "spec": {"selector": {"matchLabels": {"t": "a"}}, "dialect": dialect,
+                                     "collectives": [{"name": "grads", "collective": "allreduce",
+                                                      "minBytes": 1, "maxBytes": 2}]},
+                            "status": status}))
 
 
 def _env(change: dict) -> dict:

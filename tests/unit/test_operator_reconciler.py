@@ -7,18 +7,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from api_helpers import fabric, failure, job
 
 from choreo.service.api import pb
+from choreo_api import DeviceFailure
+from choreo_operator import model
 from choreo_operator.kube import ApiError
-from choreo_operator.model import (
-    CollectiveSpec,
-    DeviceFailureSpec,
-    FabricSpec,
-    JobSpec,
-    NodeInfo,
-    PodInfo,
-    Selector,
-)
+from choreo_operator.model import NodeInfo, PodInfo
 from choreo_operator.reconciler import Inputs, Reconciler, Settings
 from choreo_operator.synthclient import Outcome, SynthesisError
 
@@ -95,18 +90,17 @@ class FakeSynth:
         return resp
 
 
-def _inputs(failures: list[DeviceFailureSpec]) -> Inputs:
-    fabric = FabricSpec("f", 1, (("n0", 0), ("n1", 1)), inter_type="rail", rails=1)
-    jobs = [JobSpec("ns", t, f"uid-{t}", 1, Selector((("t", t),)),
-                    (CollectiveSpec("grads", "allreduce", 1 << 20, 1 << 22),)) for t in "ab"]
+def _inputs(failures: list[DeviceFailure]) -> Inputs:
+    coll = {"name": "grads", "collective": "allreduce", "minBytes": 1 << 20, "maxBytes": 1 << 22}
+    jobs = [job(t, collectives=[coll]) for t in "ab"]
     pods = [PodInfo("ns", f"{t}{r}", f"{t}{r}", (("t", t),), f"n{r}", 4, None,
                     (("batch.kubernetes.io/job-completion-index", str(r)),), (), True)
             for t in "ab" for r in range(2)]
     nodes = {n: NodeInfo(n, True, 8) for n in ("n0", "n1")}
-    return Inputs([fabric], {}, failures, nodes, jobs, pods)
+    return Inputs([fabric(2, type="rail", rails=1)], {}, failures, nodes, jobs, pods)
 
 
-def _run(failures_seq: list[list[DeviceFailureSpec]], synth: FakeSynth,
+def _run(failures_seq: list[list[DeviceFailure]], synth: FakeSynth,
          api: FakeApi) -> Reconciler:
     state = {"failures": failures_seq[0]}
     rec = Reconciler(lambda: _inputs(state["failures"]), api, synth,
@@ -134,8 +128,8 @@ def test_one_request_per_group_and_nothing_when_nothing_changed() -> None:
 
 def test_failure_then_resolution_restores_the_same_configmap() -> None:
     api, synth = FakeApi(), FakeSynth()
-    gpu = DeviceFailureSpec("x", "n1", "gpu", gpu=1)
-    _run([[], [gpu], [DeviceFailureSpec("x", "n1", "gpu", gpu=1, resolved=True)]], synth, api)
+    gpu = failure("x", "n1", "gpu", gpu=1)
+    _run([[], [gpu], [failure("x", "n1", "gpu", gpu=1, resolved=True)]], synth, api)
     names = [s["configMap"] for s in api.statuses("a") if "configMap" in s]
     assert len(synth.calls) == 3 and names[0] == names[-1] and names[1] != names[0]
     assert [len(t.npus) for t in synth.calls[1].tenants] == [7, 8]
@@ -158,7 +152,7 @@ def test_infeasible_keeps_the_old_schedule() -> None:
     _run([[]], synth, api)
     before = api.configmaps()
     synth.failures = [SynthesisError(Outcome.INFEASIBLE, "FAILED_PRECONDITION", "cut off")]
-    _run([[DeviceFailureSpec("x", "n1", "gpu", gpu=0)]], synth, api)
+    _run([[failure("x", "n1", "gpu", gpu=0)]], synth, api)
     assert api.configmaps() == before
     assert api.status("a")["phase"] == "Infeasible"
     assert api.status("a")["configMap"] in before  # pods keep the last good schedule
@@ -283,7 +277,7 @@ def test_a_status_write_lost_to_an_api_restart_keeps_the_schedule_it_names(
             return await super().merge_patch(path, patch)
 
     api, synth = RestartingApi(), FakeSynth()
-    state: dict[str, list[DeviceFailureSpec]] = {"failures": []}
+    state: dict[str, list[DeviceFailure]] = {"failures": []}
     rec = Reconciler(lambda: _inputs(state["failures"]), api, synth,
                      Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
 
@@ -300,7 +294,7 @@ def test_a_status_write_lost_to_an_api_restart_keeps_the_schedule_it_names(
         await settle({"job"})
         first = api.status("a")["configMap"]
         api.down = True
-        state["failures"] = [DeviceFailureSpec("x", "n1", "gpu", gpu=1)]
+        state["failures"] = [failure("x", "n1", "gpu", gpu=1)]
         await settle({"failure"})
         assert api.status("a")["configMap"] == first and named_exists()
         reasons, _ = await asyncio.wait_for(rec.debouncer.wait(), 5)
@@ -345,3 +339,52 @@ def test_a_stopped_reconciler_runs_again_and_redoes_what_was_cut_short() -> None
     asyncio.run(main())
     # the call cut short by stop() was made again, and that one finished
     assert api.status("a")["phase"] == "Ready" and synth.started == 2 and len(synth.calls) == 1
+
+
+def test_objects_that_do_not_fit_the_api_are_reported_in_their_status() -> None:
+    """What the API server should have refused (an older CRD, a hand-made body) is not used:
+    its status says which field is wrong, in the words of ``choreo_api.problem``."""
+    bodies = {
+        "DeviceFailure": {"metadata": {"name": "bad-gpu"}, "spec": {
+            "node": "n0", "source": "manual", "device": {"type": "gpu", "gpu": "three"}}},
+        "CollectiveJob": {"metadata": {"name": "c", "namespace": "ns", "uid": "u",
+                                       "generation": 2},
+                          "spec": {"selector": {"matchLabels": {"t": "c"}}, "collectives": []}},
+        "FabricTopology": {"metadata": {"name": "z", "generation": 1}, "spec": {
+            "nodes": [{"name": "n0", "position": 0}], "interNode": {"type": "rail"}}},
+        "NodeFabric": {"metadata": {"name": "n1", "namespace": "choreo-system"}, "spec": {
+            "nodeName": "n1", "gpus": [{"index": 0}],
+            "links": [{"src": 0, "dstGPU": 0, "kind": "warp", "bandwidthBytesPerSecond": 1}]}},
+    }
+    read = [model.device_failure(bodies["DeviceFailure"]), model.job(bodies["CollectiveJob"]),
+            model.fabric_topology(bodies["FabricTopology"]),
+            model.node_fabric(bodies["NodeFabric"])]
+    api, synth = FakeApi(), FakeSynth()
+    inputs = _inputs([])
+    inputs.invalid = [i for i in read if isinstance(i, model.Invalid)]
+    assert len(inputs.invalid) == len(read)
+    rec = Reconciler(lambda: inputs, api, synth)
+    asyncio.run(rec.round({"failure"}, 0.0))
+    patches = {path.rsplit("/", 2)[1]: p["status"] for path, p in api.patches}
+
+    def condition(name: str, kind: str) -> dict[str, Any]:
+        return next(c for c in patches[name]["conditions"] if c["type"] == kind)
+
+    applied = condition("bad-gpu", "Applied")
+    assert (applied["status"], applied["reason"]) == ("False", "Invalid")
+    assert applied["message"].startswith("spec.device.gpu: Input should be a valid integer")
+    ready = condition("c", "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert ready["message"].startswith("spec.collectives: ")
+    assert patches["c"]["observedGeneration"] == 2
+    assert condition("z", "Ready")["message"] == "spec.interNode: type rail needs rails"
+    fabric_ready = condition("f", "Ready")
+    assert fabric_ready["status"] == "False"
+    assert ("NodeFabric choreo-system/n1 is ignored (the node keeps its preset): "
+            "spec.links[0].kind: Input should be") in fabric_ready["message"]
+    assert any(e.get("reason") == "InvalidSpec" for e in api.objects.values())
+    # reported once: a round with the same inputs writes nothing more about them
+    before = len(api.patches)
+    asyncio.run(rec.round({"failure"}, 0.0))
+    assert not [p for p in api.patches[before:]
+                if any(n in p[0] for n in ("/bad-gpu/", "/c/", "/z/"))]

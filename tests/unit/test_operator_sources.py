@@ -6,19 +6,17 @@ resolved by ``sources.resolve`` and built by ``fabric.build_fabric``.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from choreo_operator import sources
+from api_helpers import failure, valid
+
+from choreo_api import FabricTopology, TopographSource
+from choreo_operator import model, sources
 from choreo_operator.fabric import build_fabric, subfabric
 from choreo_operator.model import (
-    DeviceFailureSpec,
-    FabricSource,
-    FabricSpec,
     HyperNode,
     KueueTopology,
     NodeInfo,
-    fabric_spec,
     hyper_node,
     kueue_topology,
     node_info,
@@ -40,13 +38,32 @@ def _node(name: str, gpus: int = 8, **labels: str) -> NodeInfo:
     return node_info(body)
 
 
-def _fabric(spec: dict[str, Any], name: str = "f", generation: int = 1) -> FabricSpec:
-    return fabric_spec({"metadata": {"name": name, "generation": generation},
-                        "spec": {"intraNode": {"preset": "dgx-h100"}, "interNode": INTER,
-                                 **spec}})
+def _fabric(spec: dict[str, Any], name: str = "f", generation: int = 1) -> FabricTopology:
+    return valid(model.fabric_topology({"metadata": {"name": name, "generation": generation},
+                                        "spec": {"intraNode": {"preset": "dgx-h100"},
+                                                 "interNode": INTER, **spec}}))
 
 
-def _hand(blocks: dict[str, str]) -> FabricSpec:
+def _nodes(ft: FabricTopology) -> tuple[tuple[str, int], ...]:
+    return tuple((n.name, n.position) for n in ft.spec.nodes or ())
+
+
+def _blocks(ft: FabricTopology) -> dict[str, str]:
+    return {n.name: n.block for n in ft.spec.nodes or () if n.block}
+
+
+def _inter(ft: FabricTopology, **update: Any) -> FabricTopology:
+    inter = ft.spec.inter_node.model_copy(update=update)
+    return ft.model_copy(update={"spec": ft.spec.model_copy(update={"inter_node": inter})})
+
+
+def _source(ft: FabricTopology, **update: Any) -> FabricTopology:
+    assert ft.spec.source is not None
+    source = ft.spec.source.model_copy(update=update)
+    return ft.model_copy(update={"spec": ft.spec.model_copy(update={"source": source})})
+
+
+def _hand(blocks: dict[str, str]) -> FabricTopology:
     """The same cluster written by hand: positions in (block, name) order."""
     order = sorted(blocks, key=lambda n: (blocks[n], n))
     return _fabric({"nodes": [{"name": n, "position": i, **({"block": blocks[n]} if blocks[n]
@@ -90,7 +107,7 @@ EXPECTED = {"a": "s1", "b": "s1", "c": "s1", "d": "s2", "e": "s2", "f": "s2"}
 
 def test_blocks_get_leaves_and_a_two_to_one_spine() -> None:
     spec = _hand({"a": "b1", "b": "b1", "c": "b2", "d": "b2"})
-    assert spec.spine_oversubscription == 2.0 and dict(spec.blocks)["c"] == "b2"
+    assert spec.spec.inter_node.spine_oversubscription == 2.0 and _blocks(spec)["c"] == "b2"
     fab = build_fabric(spec, {})
     topo = fab.topology
     names = topo.names
@@ -109,7 +126,7 @@ def test_blocks_get_leaves_and_a_two_to_one_spine() -> None:
     assert not fab.notes
     topo.check_connected(topo.npus)
     # non-blocking: the uplink carries every port of the leaf
-    flat = build_fabric(replace(spec, spine_oversubscription=1.0), {}).topology
+    flat = build_fabric(_inter(spec, spine_oversubscription=1.0), {}).topology
     spine0 = flat.names.index("spine/rail0")
     assert {lk.bandwidth for lk in flat.links if lk.dst == spine0} == {92e9}
 
@@ -134,9 +151,9 @@ def test_nodes_without_a_block_share_the_plain_rails_and_one_block_needs_no_spin
 
 def test_a_failed_nic_takes_down_its_link_to_the_block_leaf() -> None:
     spec = _hand({"a": "b1", "b": "b1", "c": "b2", "d": "b2"})
-    fab = build_fabric(spec, {}, [DeviceFailureSpec("x", "c", "nic", nic="nic2"),
-                                  DeviceFailureSpec("y", "c", "link", gpu=5, nic="nic5"),
-                                  DeviceFailureSpec("z", "c", "nic", nic="nic9")])
+    fab = build_fabric(spec, {}, [failure("x", "c", "nic", nic="nic2"),
+                                  failure("y", "c", "link", gpu=5, nic="nic5"),
+                                  failure("z", "c", "nic", nic="nic9")])
     topo = fab.topology
     down = {(topo.names[lk.src], topo.names[lk.dst]) for lk in topo.links if not lk.healthy}
     assert down == {("c/gpu2", "b2/rail2"), ("b2/rail2", "c/gpu2"),
@@ -145,7 +162,7 @@ def test_a_failed_nic_takes_down_its_link_to_the_block_leaf() -> None:
 
 
 def test_fewer_rails_than_gpus_with_blocks_use_nic_switches() -> None:
-    spec = replace(_hand({"a": "b1", "b": "b2"}), rails=2)
+    spec = _inter(_hand({"a": "b1", "b": "b2"}), rails=2)
     topo = build_fabric(spec, {}).topology
     nic = topo.names.index("b/nic1")
     assert {topo.names[lk.dst] for lk in topo.links if lk.src == nic} >= {"b2/rail1"}
@@ -165,20 +182,20 @@ def test_a_block_named_like_the_spine_is_reported() -> None:
 def test_source_and_labels_are_parsed() -> None:
     spec = _fabric({"source": {"topograph": {}, "nodeSelector": {
         "matchLabels": {"nvidia.com/gpu.present": "true"}}}})
-    assert spec.source is not None and spec.source.kind == "topograph"
-    assert spec.source.block_label == BLOCK and spec.nodes == ()
-    assert spec.source.node_selector is not None
-    assert _fabric({"source": {"volcano": {}, "nodeSelector": {}}}).source == \
-        FabricSource("volcano")
-    kueue = _fabric({"source": {"kueue": {"topology": "tas"}}}).source
-    assert kueue is not None and kueue.kind == "kueue" and kueue.topology == "tas"
+    source = spec.spec.source
+    assert source is not None and source.topograph is not None
+    assert source.topograph.block_label == BLOCK and spec.spec.nodes is None
+    assert source.node_selector is not None and not source.node_selector.empty
+    volcano = _fabric({"source": {"volcano": {}, "nodeSelector": {}}}).spec.source
+    assert volcano is not None and volcano.volcano is not None
+    assert volcano.node_selector is not None and volcano.node_selector.empty
+    kueue = _fabric({"source": {"kueue": {"topology": "tas"}}}).spec.source
+    assert kueue is not None and kueue.kueue is not None and kueue.kueue.topology == "tas"
     assert KUEUE.levels == (ROW, RACK, HOST) and isinstance(KUEUE, KueueTopology)
     assert _hn("x", "1").tier == 1 and _hn("x", "one").tier is None  # early Volcano: a string
     a, b = _node("a", zone="z1"), _node("b", zone="z1")
     assert a.label_map == {HOST: "a", "zone": "z1"}
     assert dict(a.labels)["zone"] == "z1" and a.labels[1] is b.labels[1]  # one shared pair
-    # the hand-written fields of a spec without blocks print as before (status fingerprint)
-    assert "blocks" not in repr(_fabric({"nodes": [{"name": "a", "position": 0}]}))
 
 
 # ---- the three sources: the same fabric as by hand -------------------------------------------
@@ -187,37 +204,37 @@ def test_source_and_labels_are_parsed() -> None:
 def test_topograph_gives_the_hand_written_fabric() -> None:
     spec = _fabric({"source": {"topograph": {}, "nodeSelector": {
         "matchExpressions": [{"key": "role", "operator": "DoesNotExist"}]}}})
-    resolved = sources.resolve(spec, _cluster())
-    assert resolved == _hand(EXPECTED) and not resolved.notes
-    assert resolved.nodes[:2] == (("a", 0), ("b", 1))
+    resolved, notes = sources.resolve(spec, _cluster())
+    assert resolved == _hand(EXPECTED) and not notes
+    assert _nodes(resolved)[:2] == (("a", 0), ("b", 1))
     ours, theirs = build_fabric(resolved, {}).topology, build_fabric(_hand(EXPECTED), {}).topology
     assert ours.fingerprint() == theirs.fingerprint() and ours.links == theirs.links
     # without the selector the CPU node carrying the block label is in too
-    every = sources.resolve(replace(spec, source=replace(spec.source, node_selector=None)),
-                            _cluster())
-    assert dict(every.blocks)["cpu"] == "s9"
+    every, _ = sources.resolve(_source(spec, node_selector=None), _cluster())
+    assert _blocks(every)["cpu"] == "s9"
 
 
 def test_kueue_gives_the_hand_written_fabric() -> None:
     spec = _fabric({"source": {"kueue": {"topology": "tas"}}})
     expected = {n: {"s1": "r1", "s2": "r2"}[b] for n, b in EXPECTED.items()}
-    resolved = sources.resolve(spec, _cluster(), [KUEUE])
-    assert resolved == _hand(expected) and not resolved.notes
+    resolved, notes = sources.resolve(spec, _cluster(), [KUEUE])
+    assert resolved == _hand(expected) and not notes
     assert build_fabric(resolved, {}).topology.fingerprint() == \
         build_fabric(_hand(expected), {}).topology.fingerprint()
 
 
 def test_volcano_gives_the_hand_written_fabric() -> None:
     spec = _fabric({"source": {"volcano": {}}})
-    resolved = sources.resolve(spec, _cluster(), hypernodes=HYPERNODES)
-    assert resolved == _hand(EXPECTED) and not resolved.notes
+    resolved, notes = sources.resolve(spec, _cluster(), hypernodes=HYPERNODES)
+    assert resolved == _hand(EXPECTED) and not notes
     assert build_fabric(resolved, {}).topology.fingerprint() == \
         build_fabric(_hand(EXPECTED), {}).topology.fingerprint()
 
 
 def test_a_spec_without_source_is_returned_as_is() -> None:
     spec = _hand(EXPECTED)
-    assert sources.resolve(spec, {}) is spec
+    assert sources.resolve(spec, {}) == (spec, ())
+    assert sources.resolve(spec, {})[0] is spec
 
 
 # ---- bad input ---------------------------------------------------------------------------------
@@ -226,28 +243,27 @@ def test_a_spec_without_source_is_returned_as_is() -> None:
 def test_kueue_rack_names_reused_under_two_rows_stay_apart() -> None:
     nodes = [_node("a", **{ROW: "w1", RACK: "r1"}), _node("b", **{ROW: "w2", RACK: "r1"}),
              _node("c", **{ROW: "w2", RACK: "r2"})]
-    resolved = sources.resolve(_fabric({"source": {"kueue": {"topology": "tas"}}}),
-                               {n.name: n for n in nodes}, [KUEUE])
-    assert dict(resolved.blocks) == {"a": "w1,r1", "b": "w2,r1", "c": "r2"}
+    resolved, _ = sources.resolve(_fabric({"source": {"kueue": {"topology": "tas"}}}),
+                                  {n.name: n for n in nodes}, [KUEUE])
+    assert _blocks(resolved) == {"a": "w1,r1", "b": "w2,r1", "c": "r2"}
 
 
 def test_kueue_missing_level_label_and_missing_topology() -> None:
     cluster = _cluster()
     cluster["e"] = _node("e", **{RACK: "r2"})  # lost its row label
     spec = _fabric({"source": {"kueue": {"topology": "tas"}}})
-    first = sources.resolve(spec, cluster, [KUEUE])
-    assert "e" not in dict(first.nodes)
-    assert first.notes == (f"node e: label {ROW} of Kueue Topology tas is missing (left out)",)
+    first, notes = sources.resolve(spec, cluster, [KUEUE])
+    assert "e" not in dict(_nodes(first))
+    assert notes == (f"node e: label {ROW} of Kueue Topology tas is missing (left out)",)
     # with a previous good result the node stays in its block
-    good = sources.resolve(spec, _cluster(), [KUEUE])
-    kept = sources.resolve(spec, cluster, [KUEUE], previous=good)
-    assert kept.nodes == good.nodes and kept.blocks == good.blocks
-    assert kept.notes == (f"node e: label {ROW} of Kueue Topology tas is missing "
-                          "(kept in block r2, as last seen)",)
-    gone = sources.resolve(spec, cluster, [], previous=good)
-    assert gone.nodes == good.nodes and gone.notes == (
-        "Kueue Topology tas not found: keeping the last 6 nodes",)
-    assert sources.resolve(spec, cluster, []).nodes == ()
+    good, _ = sources.resolve(spec, _cluster(), [KUEUE])
+    kept, notes = sources.resolve(spec, cluster, [KUEUE], previous=good)
+    assert kept == good
+    assert notes == (f"node e: label {ROW} of Kueue Topology tas is missing "
+                     "(kept in block r2, as last seen)",)
+    gone, notes = sources.resolve(spec, cluster, [], previous=good)
+    assert gone == good and notes == ("Kueue Topology tas not found: keeping the last 6 nodes",)
+    assert _nodes(sources.resolve(spec, cluster, [])[0]) == ()
 
 
 def test_volcano_bad_members_are_reported() -> None:
@@ -257,20 +273,19 @@ def test_volcano_bad_members_are_reported() -> None:
                {"type": "Node", "selector": {"regexMatch": {"pattern": "node-[0-9"}}}),
            _hn("odd", "first")]
     spec = _fabric({"source": {"volcano": {}}})
-    resolved = sources.resolve(spec, cluster, hypernodes=bad)
-    assert "d" not in dict(resolved.nodes) and len(resolved.nodes) == 5
-    notes = "\n".join(resolved.notes)
+    resolved, found = sources.resolve(spec, cluster, hypernodes=bad)
+    assert "d" not in dict(_nodes(resolved)) and len(_nodes(resolved)) == 5
+    notes = "\n".join(found)
     assert "node d is in tier-1 HyperNodes s2, s3 (left out)" in notes
     assert "HyperNode s3: member Node ghost does not exist" in notes
     assert "HyperNode s3: regexMatch pattern 'node-[0-9' is not a valid regular expression" in notes
     assert "HyperNode odd: spec.tier is not an integer" in notes
-    good = sources.resolve(spec, cluster, hypernodes=HYPERNODES)
-    kept = sources.resolve(spec, cluster, hypernodes=bad, previous=good)
-    assert kept.nodes == good.nodes and kept.blocks == good.blocks
-    assert "node d is in tier-1 HyperNodes s2, s3 (kept in block s2, as last seen)" in kept.notes
-    none = sources.resolve(spec, cluster, hypernodes=[])
-    assert none.nodes == () and none.notes == (
-        "no tier-1 HyperNode selects a Node of this fabric",)
+    good, _ = sources.resolve(spec, cluster, hypernodes=HYPERNODES)
+    kept, found = sources.resolve(spec, cluster, hypernodes=bad, previous=good)
+    assert kept == good
+    assert "node d is in tier-1 HyperNodes s2, s3 (kept in block s2, as last seen)" in found
+    none, found = sources.resolve(spec, cluster, hypernodes=[])
+    assert _nodes(none) == () and found == ("no tier-1 HyperNode selects a Node of this fabric",)
 
 
 def test_topograph_block_under_two_spines_is_reported() -> None:
@@ -278,16 +293,16 @@ def test_topograph_block_under_two_spines_is_reported() -> None:
     cluster["c"] = _node("c", **{BLOCK: "s1", SPINE: "other"})
     spec = _fabric({"source": {"topograph": {}, "nodeSelector": {
         "matchExpressions": [{"key": "role", "operator": "DoesNotExist"}]}}})
-    resolved = sources.resolve(spec, cluster)
-    assert "c" not in dict(resolved.nodes)
-    assert resolved.notes == (
+    resolved, notes = sources.resolve(spec, cluster)
+    assert "c" not in dict(_nodes(resolved))
+    assert notes == (
         f"node c: label {SPINE}=other puts {BLOCK}=s1 under a second {SPINE} "
         "(its other nodes say sp) (left out)",)
     # the note reaches the fabric (and so the FabricTopology's Ready condition)
-    assert build_fabric(resolved, {}).notes == resolved.notes
-    empty = sources.resolve(replace(spec, source=replace(spec.source, block_label="x/leaf")),
-                            cluster)
-    assert empty.nodes == () and "carries label x/leaf" in empty.notes[0]
+    assert build_fabric(resolved, {}, notes=notes).notes == notes
+    other = _source(spec, topograph=TopographSource(block_label="x/leaf"))
+    empty, notes = sources.resolve(other, cluster)
+    assert _nodes(empty) == () and "carries label x/leaf" in notes[0]
 
 
 def test_resolver_remembers_the_last_result_and_caches() -> None:
@@ -296,17 +311,17 @@ def test_resolver_remembers_the_last_result_and_caches() -> None:
     hand = _hand(EXPECTED)
     cluster = _cluster()
     first = resolver.resolve_all([spec, hand], cluster, [], HYPERNODES)
-    assert first[1] is hand and first[0] == hand
+    assert first[1][0] is hand and first[0] == (hand, ())
     assert resolver.resolve_all([spec], cluster, [], HYPERNODES)[0] is first[0]  # cached
     bad = [*HYPERNODES, _hn("s3", 1, _exact("d"))]
-    kept = resolver.resolve_all([spec], cluster, [], bad)[0]
-    assert kept.nodes == hand.nodes and kept.notes  # d kept where it was
+    kept, notes = resolver.resolve_all([spec], cluster, [], bad)[0]
+    assert _nodes(kept) == _nodes(hand) and notes  # d kept where it was
     # relabelling a node moves it: a new spec, so a new fabric fingerprint
     labels = _fabric({"source": {"topograph": {}}}, name="g")
-    before = resolver.resolve_all([labels], cluster)[0]
+    before, _ = resolver.resolve_all([labels], cluster)[0]
     cluster["a"] = _node("a", **{BLOCK: "s2", SPINE: "sp"})
-    moved = resolver.resolve_all([labels], cluster)[0]
-    assert dict(moved.blocks)["a"] == "s2" and moved != before and not moved.notes
+    moved, notes = resolver.resolve_all([labels], cluster)[0]
+    assert _blocks(moved)["a"] == "s2" and moved != before and not notes
     assert build_fabric(moved, {}).topology.fingerprint() != \
         build_fabric(before, {}).topology.fingerprint()
     assert resolver.resolve_all([], cluster) == [] and not resolver._last

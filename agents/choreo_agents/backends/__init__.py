@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from choreo_agents.model import DeviceKey, Inventory, LinkSpec
+from choreo_agents.model import Inventory, LinkSpec
 from choreo_agents.probes import ProbeError, Samples
+from choreo_api import Device
 
 COUNTERS = ("crc", "replay", "recovery")
 """NVLink data-link error counters the agent watches (NVML DL_CRC_*, DL_REPLAY, DL_RECOVERY)."""
@@ -27,9 +28,9 @@ class RawHealth:
     """One poll of the hardware's own signals, before any interpretation."""
 
     gpu_present: dict[int, bool] = field(default_factory=dict)
-    link_up: dict[DeviceKey, bool] = field(default_factory=dict)
-    link_partial: dict[DeviceKey, str] = field(default_factory=dict)
-    counters: dict[DeviceKey, dict[str, float]] = field(default_factory=dict)
+    link_up: dict[Device, bool] = field(default_factory=dict)
+    link_partial: dict[Device, str] = field(default_factory=dict)
+    counters: dict[Device, dict[str, float]] = field(default_factory=dict)
     nic_up: dict[str, bool] = field(default_factory=dict)
     xids: list[tuple[int, int]] = field(default_factory=list)
     """(gpu, XID code) events seen since the previous poll."""

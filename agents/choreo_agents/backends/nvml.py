@@ -19,9 +19,10 @@ from typing import Any
 from choreo_agents.backends import BackendError, RawHealth
 from choreo_agents.backends.dcgm import DcgmSource
 from choreo_agents.backends.sysfs import discover_nics, nic_up, normalize_bus_id
-from choreo_agents.model import DeviceKey, Gpu, Inventory, LinkSpec, Peer
+from choreo_agents.model import Gpu, Inventory, LinkSpec, Peer
 from choreo_agents.probes import ProbeError, Samples, nccl
 from choreo_agents.probes import cuda as cuda_probe
+from choreo_api import Device
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class NvmlBackend:
         self.cupy = cupy
         self._handles: dict[int, Any] = {}
         self._uuids: dict[int, str] = {}
-        self._physical: dict[DeviceKey, list[tuple[int, int]]] = {}
+        self._physical: dict[Device, list[tuple[int, int]]] = {}
         self._events: Any = None
 
     @property
@@ -118,8 +119,9 @@ class NvmlBackend:
         for (src, peer), ids in sorted(physical.items()):
             kind = "nvswitch" if peer.switch else "nvlink"
             bw = NVLINK_BANDWIDTH.get(versions[(src, peer)], 25 * GB)
-            links.append(LinkSpec(src, peer, kind, len(ids), bw, NOMINAL_ALPHA[kind]))
-            self._physical.setdefault(DeviceKey.of_link(src, peer), []).extend(ids)
+            link = LinkSpec(src, peer, kind, len(ids), bw, NOMINAL_ALPHA[kind])
+            links.append(link)
+            self._physical.setdefault(link.device, []).extend(ids)
         nvswitch = any(link.peer.switch for link in links)
         if not nvswitch:
             links.extend(self._pcie_links(gpus, {(ln.src, ln.peer.gpu) for ln in links}))

@@ -32,7 +32,7 @@ import yaml
 
 from choreo.topofile import parse_duration
 from choreo_agents.backends import COUNTERS
-from choreo_agents.model import DeviceKey, Peer
+from choreo_api import Device, ValidationError, problem
 
 ACTIONS = (
     "link-down", "link-up", "gpu-lost", "gpu-back", "link-degraded", "link-restored",
@@ -48,7 +48,7 @@ class ScriptError(ValueError):
 class Event:
     at: float
     action: str
-    link: DeviceKey | None = None
+    link: Device | None = None
     gpu: int | None = None
     nic: str | None = None
     factor: float = 1.0
@@ -64,10 +64,10 @@ class FaultState:
     """The simulated hardware's condition at one instant."""
 
     lost_gpus: set[int] = field(default_factory=set)
-    down_links: set[DeviceKey] = field(default_factory=set)
-    degraded: dict[DeviceKey, float] = field(default_factory=dict)
+    down_links: set[Device] = field(default_factory=set)
+    degraded: dict[Device, float] = field(default_factory=dict)
     down_nics: set[str] = field(default_factory=set)
-    counters: dict[DeviceKey, dict[str, float]] = field(default_factory=dict)
+    counters: dict[Device, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +205,7 @@ _EXTRA = {
 }
 
 
-def parse_link(value: Any, at: str) -> DeviceKey:
+def parse_link(value: Any, at: str) -> Device:
     """``[1, 5]`` (two GPUs), ``[0, sw-nvswitch]`` (GPU to a switch) or ``"1-5"``."""
     if isinstance(value, str) and value.count("-") == 1 and value.replace("-", "").isdigit():
         value = [int(x) for x in value.split("-")]
@@ -213,12 +213,15 @@ def parse_link(value: Any, at: str) -> DeviceKey:
         raise ScriptError(f"{at}: expected [gpu, peer gpu or switch name]")
     src = _index(value[0], f"{at}[0]")
     far = value[1]
-    if isinstance(far, int) and not isinstance(far, bool):
-        if far == src:
-            raise ScriptError(f"{at}: a link joins two different GPUs")
-        return DeviceKey.of_link(src, Peer(gpu=_index(far, f"{at}[1]")))
-    if isinstance(far, str) and far:
-        return DeviceKey.of_link(src, Peer(switch=far))
+    try:
+        if isinstance(far, int) and not isinstance(far, bool):
+            if far == src:
+                raise ScriptError(f"{at}: a link joins two different GPUs")
+            return Device.link(src, gpu=_index(far, f"{at}[1]"))
+        if isinstance(far, str) and far:
+            return Device.link(src, switch=far)
+    except ValidationError as err:
+        raise ScriptError(f"{at}: {problem(err)}") from err
     raise ScriptError(f"{at}[1]: expected a GPU index or a switch name")
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from choreo_dev import schedules
 from choreo_dev.kube import KubeClient
 from choreo_dev.observe import Expected, expected
+from choreo_operator.model import resumed
 from choreo_operator.reconciler import Settings
 
 JOB_LABEL = "choreo.dev/collectivejob"
@@ -43,12 +44,13 @@ def _lagging(exp: Expected) -> dict[str, str]:
     out = {}
     for job in exp.inputs.jobs:
         plan = exp.plans.get(job.key)
-        synthesizing = any(dict(c).get("type") == "Synthesizing" and
-                           dict(c).get("status") == "True" for c in job.conditions)
+        status = resumed(job)
+        synthesizing = any(c.type == "Synthesizing" and c.status == "True"
+                           for c in status.conditions or ())
         if plan is None:
             why = exp.blocked.get(job.key, ("?", "?", "no plan"))
             out[job.key] = f"blocked ({why[1]}: {why[2]})"
-        elif job.inputs_hash != plan.inputs_hash:
+        elif (status.last_synthesis and status.last_synthesis.inputs_hash) != plan.inputs_hash:
             out[job.key] = "status records older inputs"
         elif synthesizing:
             out[job.key] = "still synthesizing"
