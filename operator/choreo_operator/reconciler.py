@@ -28,6 +28,7 @@ import aiohttp
 
 from choreo.collectives import format_size
 from choreo.errors import ChoreoError
+from choreo.service.client import RequestOptions, TenantRequest, bucket_xml, build_request
 from choreo_api import (
     GROUP,
     VERSION,
@@ -52,16 +53,13 @@ from choreo_operator.grouping import Group, Member, groups
 from choreo_operator.kube import ApiError
 from choreo_operator.model import SHIP_ANYWAY, Invalid, NodeInfo, PodInfo, resumed
 from choreo_operator.placement import Placement, healthy_slots, place
-from choreo_operator.synthclient import (
-    Outcome,
-    RequestOptions,
-    SynthesisError,
-    TenantRequest,
-    bucket_xml,
-    build_request,
-)
+from choreo_operator.synthclient import Outcome, SynthesisError
 
 log = logging.getLogger("choreo.operator")
+# The request options a CollectiveJob's inputs hash covers (what the operator sets; the hashes
+# recorded in job statuses stay valid across versions that add options).
+HASHED_OPTIONS = ("dialect", "instances", "protocol", "restarts", "max_buckets",
+                  "deadline_seconds", "ship_slower_than_nccl")
 
 CONFIGMAP_WRITES = 8  # concurrent ConfigMap creations per published schedule
 REASON_ORDER = ("failure", "node", "nodefabric", "fabric", "job", "pods", "startup", "retry")
@@ -306,12 +304,13 @@ class Reconciler:
                                      self.settings.restarts, buckets,
                                      self.settings.call_timeout_seconds,
                                      any(j.spec.when_nccl_faster == SHIP_ANYWAY
-                                         for j in group_jobs))
+                                         for j in group_jobs), gzip=True)
             fingerprint = sub.fingerprint()
             ranks = {j.key: [(s.pod, s.node, s.gpu) for s in
                              healthy_slots(placements[j.key], fabric)] for j in group_jobs}
             inputs_hash = _digest({"fabric": fingerprint, "tenants": [t.__dict__ for t in tenants],
-                                   "options": options.__dict__, "ranks": ranks})
+                                   "options": {f: getattr(options, f) for f in HASHED_OPTIONS},
+                                   "ranks": ranks})
             plan = GroupPlan(group, group_jobs, {k: placements[k] for k in group.members},
                              tenants, sub, inputs_hash, fingerprint, options)
             if len(group_jobs) > 1:

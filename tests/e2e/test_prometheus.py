@@ -156,8 +156,8 @@ def synthesize_some(address: str, step: int) -> None:
     with open_channel(address) as channel:
         client = Client(channel)
         for size in ((step + 1) << 20, (step + 1) << 20):
-            request = build_request(fabric, [TenantRequest("t", fabric.npus, "allreduce", size,
-                                                           size)])
+            request = build_request(fabric, [TenantRequest.one("t", fabric.npus, "allreduce",
+                                                               size, size)])
             client.synthesize(request, timeout=120)
 
 

@@ -18,7 +18,13 @@ import grpc
 
 from choreo.generators import build
 from choreo.service.api import pb
-from choreo.service.client import Client, TenantRequest, build_request, open_channel
+from choreo.service.client import (
+    Client,
+    RequestOptions,
+    TenantRequest,
+    build_request,
+    open_channel,
+)
 from choreo.service.server import ServerConfig, SynthesizerServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,19 +41,18 @@ def quick_request(tenant: str = "quick", *, seed: int = 0, topology: str = "3d-r
                   deadline: float = 0.0) -> pb.SynthesizeRequest:
     """A 16-NPU AllReduce over 1..64 MiB in two buckets: well under a second to solve."""
     fabric = build(topology)
-    return build_request(fabric, [TenantRequest(tenant, fabric.npus, "allreduce", lo, hi)],
-                         seed=seed, max_buckets=2, idempotency_key=key,
-                         deadline_seconds=deadline)
+    return build_request(fabric, [TenantRequest.one(tenant, fabric.npus, "allreduce", lo, hi)],
+                         RequestOptions(seed=seed, max_buckets=2, deadline_seconds=deadline),
+                         key)
 
 
 def slow_request(tenant: str = "slow", *, seed: int = 0, key: str = "",
                  deadline: float = 0.0) -> pb.SynthesizeRequest:
     """A 256-NPU AllReduce with many chunks and restarts: tens of seconds of solving."""
     fabric = build("torus-8x8x4")
-    return build_request(fabric, [TenantRequest(tenant, fabric.npus, "allreduce", 1 << 30,
-                                                chunks=8)],
-                         restarts=64, seed=seed, idempotency_key=key,
-                         deadline_seconds=deadline)
+    return build_request(fabric, [TenantRequest.one(tenant, fabric.npus, "allreduce", 1 << 30,
+                                                    chunks=8)],
+                         RequestOptions(restarts=64, seed=seed, deadline_seconds=deadline), key)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from service_helpers import Running, quick_request
 
 from choreo.generators import build
 from choreo.service.api import pb
-from choreo.service.client import TenantRequest, bucket_xml, build_request
+from choreo.service.client import RequestOptions, TenantRequest, bucket_xml, build_request
 from choreo.service.convert import fabric_to_proto
 from choreo.service.status import details_of
 
@@ -62,9 +62,9 @@ def test_several_tenants_and_collectives_share_one_fabric(served: Running) -> No
 
     fabric = build("3d-rfs-16")
     request = build_request(fabric, [
-        TenantRequest("train", list(range(8)), "allreduce", 1 << 20, 256 << 20, weight=2.0),
-        TenantRequest("infer", list(range(15, 7, -1)), "allgather", 4 << 20),
-    ], max_buckets=3)
+        TenantRequest.one("train", list(range(8)), "allreduce", 1 << 20, 256 << 20, weight=2.0),
+        TenantRequest.one("infer", list(range(15, 7, -1)), "allgather", 4 << 20),
+    ], RequestOptions(max_buckets=3))
     request.tenants[0].collectives.add(collective="reducescatter", min_bytes=8 << 20)
     resp = served.client.synthesize(request, timeout=120)
     train, infer = resp.tenants
@@ -88,8 +88,8 @@ def test_legacy_gets_an_in_place_and_an_out_of_place_file_per_range(served: Runn
     from choreo import msccl
 
     request = build_request(build("3d-rfs-16"), [
-        TenantRequest("old", list(range(8)), "allreduce", 1 << 20, 256 << 20)],
-        dialect="legacy", max_buckets=4)
+        TenantRequest.one("old", list(range(8)), "allreduce", 1 << 20, 256 << 20)],
+        RequestOptions(dialect="legacy", max_buckets=4))
     [coll] = served.client.synthesize(request, timeout=120).tenants[0].collectives
     kinds = [(b.min_bytes, b.max_bytes, 'inplace="1"' in b.xml) for b in coll.buckets]
     ranges = sorted({(lo, hi) for lo, hi, _ in kinds})
@@ -107,10 +107,10 @@ def test_sizes_nccl_runs_faster_get_no_file_unless_asked(served: Running) -> Non
     the job down; the bucket says so instead, and ship_slower_than_nccl ships it anyway."""
     from choreo import msccl
 
-    tenants = [TenantRequest("one-node", build("dgx-h100-1").npus, "allreduce", 1 << 20,
-                             1 << 30)]
+    tenants = [TenantRequest.one("one-node", build("dgx-h100-1").npus, "allreduce", 1 << 20,
+                                 1 << 30)]
     gated = served.client.synthesize(build_request(build("dgx-h100-1"), tenants,
-                                                   max_buckets=2), timeout=120)
+                                                   RequestOptions(max_buckets=2)), timeout=120)
     [coll] = gated.tenants[0].collectives
     small, large = coll.buckets
     for b in coll.buckets:
@@ -123,9 +123,9 @@ def test_sizes_nccl_runs_faster_get_no_file_unless_asked(served: Running) -> Non
     assert large.nccl_runs and large.prediction.nccl_choice.startswith("nvls/")
     assert large.max_bytes == 1 << 30 and small.max_bytes + 1 == large.min_bytes
 
-    forced = served.client.synthesize(build_request(build("dgx-h100-1"), tenants,
-                                                    max_buckets=2, ship_slower_than_nccl=True),
-                                      timeout=120)
+    forced = served.client.synthesize(build_request(
+        build("dgx-h100-1"), tenants, RequestOptions(max_buckets=2, ship_slower_than_nccl=True)),
+        timeout=120)
     [coll] = forced.tenants[0].collectives
     assert [b.nccl_runs for b in coll.buckets] == [False, False]
     assert msccl.validate(coll.buckets[1].xml) == []
@@ -308,7 +308,7 @@ def test_disconnected_tenant_is_failed_precondition(served: Running) -> None:
     for link in snapshot.links:  # cut the ring between 1|2 and 5|6: two halves
         if {link.src, link.dst} in ({1, 2}, {5, 6}):
             link.healthy = False
-    tenants = [TenantRequest("halves", [0, 1, 2, 3], "allgather", 1 << 20)]
+    tenants = [TenantRequest.one("halves", [0, 1, 2, 3], "allgather", 1 << 20)]
     err = _fail(served, build_request(snapshot, tenants))
     assert err.code() is grpc.StatusCode.FAILED_PRECONDITION
     details = details_of(err)
@@ -323,8 +323,8 @@ def test_disconnected_tenant_is_failed_precondition(served: Running) -> None:
 def test_failed_npu_is_failed_precondition(served: Running) -> None:
     snapshot = fabric_to_proto(build("ring-8"))
     snapshot.failed_nodes.append(2)
-    err = _fail(served, build_request(snapshot, [TenantRequest("t", [0, 1, 2], "allgather",
-                                                               1 << 20)]))
+    err = _fail(served, build_request(snapshot, [TenantRequest.one("t", [0, 1, 2], "allgather",
+                                                                   1 << 20)]))
     assert err.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert details_of(err)["ErrorInfo"].reason == "NPU_FAILED"  # type: ignore[attr-defined]
 

@@ -15,7 +15,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from service_helpers import Running, Subprocess, quick_request, wait_serving
 
 from choreo.generators import build
-from choreo.service.client import Client, TenantRequest, build_request, open_channel
+from choreo.service.client import (
+    Client,
+    RequestOptions,
+    TenantRequest,
+    build_request,
+    open_channel,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +32,9 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def _medium_request() -> object:
     """Seconds of solving on 64 NPUs: long enough to be in flight across a SIGTERM."""
     fabric = build("3d-rfs-64")
-    return build_request(fabric, [TenantRequest("draining", fabric.npus, "allreduce", 1 << 30,
-                                                chunks=8)], restarts=64)
+    return build_request(fabric, [TenantRequest.one("draining", fabric.npus, "allreduce",
+                                                    1 << 30, chunks=8)],
+                         RequestOptions(restarts=64))
 
 
 def _scrape(port: int) -> str:

@@ -56,11 +56,11 @@ class Memory:
 
 def _request(tenant: str, seed: int) -> Any:
     from choreo.generators import build
-    from choreo.service.client import TenantRequest, build_request
+    from choreo.service.client import RequestOptions, TenantRequest, build_request
 
     fabric = build(TOPOLOGY)
-    return build_request(fabric, [TenantRequest(tenant, fabric.npus, "allreduce", MIN_BYTES,
-                                                MAX_BYTES)], seed=seed, gzip=True)
+    tenant_request = TenantRequest.one(tenant, fabric.npus, "allreduce", MIN_BYTES, MAX_BYTES)
+    return build_request(fabric, [tenant_request], RequestOptions(seed=seed, gzip=True))
 
 
 def _clients(first: int, kinds: list[str], address: str, ids: list[str], start_at: float,

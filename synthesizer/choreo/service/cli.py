@@ -104,6 +104,7 @@ def remote_synthesize(args: argparse.Namespace) -> int:
     from choreo.collectives import Collective, parse_size
     from choreo.service.client import (
         Client,
+        RequestOptions,
         TenantRequest,
         bucket_xml,
         build_request,
@@ -125,16 +126,15 @@ def remote_synthesize(args: argparse.Namespace) -> int:
                             size=parse_size(args.size, "--size"), chunks=args.chunks,
                             root=args.root)]
     top = parse_size(args.max_size, "--max-size") if getattr(args, "max_size", None) else 0
-    tenants = [TenantRequest(s.name, s.ranks, s.collective, s.size, max(top, s.size), s.chunks,
-                             s.root, s.weight) for s in specs]
+    tenants = [TenantRequest.one(s.name, s.ranks, s.collective, s.size, max(top, s.size),
+                                 s.chunks, s.root, s.weight) for s in specs]
     engine = getattr(args, "engine", "greedy")
-    request = build_request(
-        fabric, tenants, restarts=args.restarts, seed=args.seed,
+    request = build_request(fabric, tenants, RequestOptions(
         dialect=getattr(args, "dialect", ""), instances=getattr(args, "instances", 0),
-        proto=getattr(args, "proto", ""),
-        deadline_seconds=0.0 if engine == "greedy" else getattr(args, "deadline", 0.0))
-    request.options.engine = engine
-    request.options.ship_slower_than_nccl = bool(getattr(args, "force", False))
+        protocol=getattr(args, "proto", ""), restarts=args.restarts,
+        deadline_seconds=0.0 if engine == "greedy" else getattr(args, "deadline", 0.0),
+        ship_slower_than_nccl=bool(getattr(args, "force", False)), seed=args.seed,
+        engine=engine))
     try:
         channel = open_channel(args.remote, ca=args.remote_ca, cert=args.remote_cert,
                                key=args.remote_key)

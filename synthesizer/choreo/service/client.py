@@ -1,7 +1,7 @@
 """A small Python client: build requests from choreo types and call a synthesizer.
 
-Used by ``choreo synthesize --remote``, the load benchmark and the tests; the operator has
-its own client generated from the same .proto and shares ``channel_options`` with it.
+Used by ``choreo synthesize --remote``, the load benchmark, the tests and the operator (its
+asyncio client shares the request types, ``build_request`` and ``channel_options``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -20,40 +21,89 @@ from choreo.service.convert import fabric_to_proto
 from choreo.topology import Topology
 
 
+class CollectiveLike(Protocol):
+    """What a request says of one collective: ``CollectiveRequest`` or the operator's
+    CollectiveJob spec (``choreo_api``), which reads the same."""
+
+    @property
+    def collective(self) -> str: ...
+    @property
+    def min_bytes(self) -> int: ...
+    @property
+    def max_bytes(self) -> int: ...
+    @property
+    def root(self) -> int: ...
+    @property
+    def chunks(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class CollectiveRequest:
+    """One collective over a size range (``max_bytes`` 0: just ``min_bytes``)."""
+
+    collective: str
+    min_bytes: int
+    max_bytes: int = 0
+    root: int = 0
+    chunks: int | None = None
+
+
 @dataclass(frozen=True)
 class TenantRequest:
-    """One tenant's collective over a size range, as a client states it."""
+    """One tenant as every client states it: the CLI, the benchmarks and the operator."""
 
     name: str
     npus: Sequence[int]
-    collective: Collective | str
-    min_bytes: int
-    max_bytes: int = 0
-    chunks: int | None = None
-    root: int = 0
+    collectives: Sequence[CollectiveLike]
     weight: float = 1.0
 
+    @classmethod
+    def one(cls, name: str, npus: Sequence[int], collective: Collective | str, min_bytes: int,
+            max_bytes: int = 0, chunks: int | None = None, root: int = 0,
+            weight: float = 1.0) -> TenantRequest:
+        """A tenant with a single collective."""
+        coll = collective.value if isinstance(collective, Collective) else collective
+        return cls(name, npus, (CollectiveRequest(coll, min_bytes, max_bytes, root, chunks),),
+                   weight)
 
-def build_request(fabric: Topology | pb.FabricSnapshot, tenants: Sequence[TenantRequest], *,
-                  restarts: int = 0, seed: int = 0, dialect: str = "", instances: int = 0,
-                  proto: str = "", deadline_seconds: float = 0.0, max_buckets: int = 0,
-                  idempotency_key: str = "", gzip: bool = False,
-                  ship_slower_than_nccl: bool = False) -> pb.SynthesizeRequest:
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """How to solve and what to send back; zero or empty leaves the server's default."""
+
+    dialect: str = ""
+    instances: int = 0
+    protocol: str = ""
+    restarts: int = 0
+    max_buckets: int = 0
+    deadline_seconds: float = 0.0
+    ship_slower_than_nccl: bool = False  # files even where NCCL is predicted faster
+    seed: int = 0
+    engine: str = ""
+    gzip: bool = False  # XML compressed (large tenants' files are tens of MB)
+
+
+def build_request(fabric: Topology | pb.FabricSnapshot, tenants: Sequence[TenantRequest],
+                  options: RequestOptions | None = None, key: str = "") -> pb.SynthesizeRequest:
+    """The request for ``tenants`` on ``fabric``; ``key`` makes retries idempotent."""
+    o = options or RequestOptions()
     snapshot = fabric if isinstance(fabric, pb.FabricSnapshot) else fabric_to_proto(fabric)
     req = pb.SynthesizeRequest(
-        fabric=snapshot, idempotency_key=idempotency_key,
-        options=pb.Options(restarts=restarts, seed=seed, dialect=dialect, instances=instances,
-                           proto=proto, deadline_seconds=deadline_seconds,
-                           max_buckets=max_buckets,
-                           xml_encoding=pb.Options.XML_GZIP if gzip else pb.Options.XML_PLAIN,
-                           ship_slower_than_nccl=ship_slower_than_nccl))
+        fabric=snapshot, idempotency_key=key,
+        options=pb.Options(restarts=o.restarts, seed=o.seed, dialect=o.dialect,
+                           instances=o.instances, proto=o.protocol,
+                           deadline_seconds=o.deadline_seconds, max_buckets=o.max_buckets,
+                           xml_encoding=pb.Options.XML_GZIP if o.gzip else pb.Options.XML_PLAIN,
+                           ship_slower_than_nccl=o.ship_slower_than_nccl, engine=o.engine))
     for t in tenants:
-        coll = t.collective.value if isinstance(t.collective, Collective) else t.collective
-        spec = pb.CollectiveSpec(collective=coll, min_bytes=t.min_bytes, max_bytes=t.max_bytes,
-                                 root=t.root)
-        if t.chunks is not None:
-            spec.chunks = t.chunks
-        req.tenants.add(name=t.name, npus=list(t.npus), collectives=[spec], weight=t.weight,
+        specs = []
+        for c in t.collectives:
+            spec = pb.CollectiveSpec(collective=c.collective, min_bytes=c.min_bytes,
+                                     max_bytes=c.max_bytes, root=c.root)
+            if c.chunks is not None:
+                spec.chunks = c.chunks
+            specs.append(spec)
+        req.tenants.add(name=t.name, npus=list(t.npus), collectives=specs, weight=t.weight,
                         relay=pb.Tenant.OWN_NPUS_ONLY)
     return req
 
