@@ -204,18 +204,12 @@ def slicing(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
 
 def best_shape(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
                chunks: int = 1) -> tuple[Shape, tuple[int, ...]]:
-    """The rail levels and slices with the earliest estimated end: the factors up to
-    ``MAX_RADIX`` (hosts beyond a smooth count fold in) or every prime factor, however
-    large (no fold, but a level of radix r costs every member r - 1 sends)."""
-    best: tuple[float, Shape, tuple[int, ...]] | None = None
-    for levels in dict.fromkeys([radices(shape.hosts), radices(shape.hosts, shape.hosts)]):
-        candidate = replace(shape, levels=levels)
-        weights = slicing(candidate, part_bytes, host, rail, ranks, chunks)
-        end = timeline(candidate, weights, part_bytes, host, rail).end
-        if best is None or end < best[0] * (1 - 1e-9):
-            best = (end, candidate, weights)
-    assert best is not None
-    return best[1], best[2]
+    """The rail levels (the factors up to ``MAX_RADIX``; hosts beyond a count made of them
+    fold in) and the slices with the earliest estimated end. Wider levels (a prime host count
+    above 19 as one level) would save the fold but give each rank more threadblocks than the
+    lowering can hold (measured: 187 for radix 31 with two slices, over the runtime's 127)."""
+    levels = replace(shape, levels=radices(shape.hosts))
+    return levels, slicing(levels, part_bytes, host, rail, ranks, chunks)
 
 
 class _Sends:
@@ -285,7 +279,7 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
         rail_at = [est.rail[j]]
         for f in shape.rail_fractions():
             rail_at.append(rail_at[-1] + rail.time(part_bytes * weights[j] / sum(weights) * f))
-        for k in range(parts):  # 2: recursive halving / doubling across hosts, per part
+        for k in range(parts):  # 2: mixed-radix reduce-scatter and all-gather across hosts
             _multiply(out, rail_at, [o[k] for o in owners], bounds[k], bounds[k + 1],
                       shape.radices)
         for h, members in enumerate(hosts):  # 3: all-gather inside each host
@@ -299,7 +293,7 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
     return out
 
 
-MAX_RADIX = 16  # a level of radix r costs every member r - 1 sends
+MAX_RADIX = 19  # a level of radix r costs every member r - 1 sends and peers
 
 
 def radices(hosts: int, largest: int = MAX_RADIX) -> tuple[int, ...]:

@@ -182,8 +182,8 @@ def test_a_lost_gpu_or_nic_takes_its_rail_out_of_the_parts() -> None:
 def test_any_host_count_reduces_in_its_prime_factors() -> None:
     assert hierarchy.radices(128) == (2,) * 7
     assert hierarchy.radices(125) == (5, 5, 5) and hierarchy.radices(33) == (11, 3)
-    assert hierarchy.radices(38) == (3, 3, 2, 2)  # 19 > MAX_RADIX: 36 hosts, 2 fold in
-    assert hierarchy.radices(38, 38) == (19, 2)
+    assert hierarchy.radices(38) == (19, 2) and hierarchy.radices(62) == (5, 3, 2, 2)  # 31: fold
+    assert hierarchy.radices(62, 62) == (31, 2)
     odd = _allreduce("dgx-h100-12", size=256 << 20)  # 3 x 2 x 2
     assert odd.meta["radices"] == [[3, 2, 2]] and verify(odd).ok
     even = _allreduce("dgx-h100-16", size=256 << 20)
