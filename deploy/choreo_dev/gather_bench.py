@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from choreo.benchtable import Row, exit_code, print_rows, write_json
+from choreo.benchtable import Row, finish
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
@@ -50,10 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = [row(spec, coll) for spec in FABRICS if not args.only or args.only in spec
             for coll in (Collective.ALLGATHER, Collective.REDUCESCATTER)]
-    print_rows(rows, "AllGather / ReduceScatter at 1 GiB against the optimal bound")
-    if args.json:
-        write_json(rows, args.json)
-    return exit_code(rows)
+    return finish(rows, "AllGather / ReduceScatter at 1 GiB against the optimal bound", args.json)
 
 
 if __name__ == "__main__":

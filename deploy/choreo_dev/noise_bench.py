@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from choreo.benchtable import Row, exit_code, print_rows, write_json
+from choreo.benchtable import Row, finish
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
 from choreo.synth import SynthOptions, synthesize
@@ -52,11 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m choreo_dev.noise_bench", description=__doc__)
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
-    table = rows()
-    print_rows(table, "greedy synthesis on noisy link measurements")
-    if args.json:
-        write_json(table, args.json)
-    return exit_code(table)
+    return finish(rows(), "greedy synthesis on noisy link measurements", args.json)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,15 @@ def write_json(rows: Sequence[Row], path: str | Path) -> None:
     Path(path).write_text(json.dumps([asdict(r) for r in rows], indent=2))
 
 
+def finish(rows: Sequence[Row], title: str, json_path: str | None = None) -> int:
+    """Print the table, save it if asked, and return the exit code: how every benchmark's
+    ``main`` ends."""
+    print_rows(rows, title)
+    if json_path:
+        write_json(rows, json_path)
+    return exit_code(rows)
+
+
 def exit_code(rows: Sequence[Row]) -> int:
     """0 when no target was missed: a benchmark run can gate on it."""
     return 0 if all(r.ok is not False for r in rows) else 1

@@ -18,7 +18,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from choreo.benchtable import Row, exit_code, print_rows, write_json
+from choreo.benchtable import Row, finish
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
 from choreo.nccl.model import nccl_jointly
@@ -133,10 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     nodes = tuple(int(x) for x in args.nodes.split(","))
     table = rows(nodes, (1024 * MIB,) if args.quick else SIZES)
-    print_rows(table, "choreo vs NCCL as it runs (NCCL time / choreo time; > 1: choreo ahead)")
-    if args.json:
-        write_json(table, args.json)
-    return exit_code(table)
+    return finish(table, "choreo vs NCCL as it runs (NCCL time / choreo time; > 1: choreo ahead)",
+                  args.json)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import argparse
 import math
 import time
 
-from choreo.benchtable import Row, exit_code, print_rows, write_json
+from choreo.benchtable import Row, finish
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
@@ -142,10 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args(argv)
     rows = run(args.quick)
-    print_rows(rows, "TE-CCL engines and portfolio")
-    if args.json:
-        write_json(rows, args.json)
-    return exit_code(rows)
+    return finish(rows, "TE-CCL engines and portfolio", args.json)
 
 
 if __name__ == "__main__":
