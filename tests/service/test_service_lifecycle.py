@@ -153,7 +153,7 @@ def test_server_only_tls(server_factory: Callable[..., Running], certs: Path) ->
                              tls_key=str(certs / "server.key"))
     with open_channel(running.address, ca=str(certs / "ca.crt")) as channel:
         status = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(), timeout=10).status
+            health_pb2.HealthCheckRequest(), timeout=30, wait_for_ready=True).status
     assert status == SERVING
 
 
@@ -186,7 +186,8 @@ def test_reflection_lists_the_service_only_when_enabled(
         stub = reflection_pb2_grpc.ServerReflectionStub(running.client.channel)
         reqs = iter([reflection_pb2.ServerReflectionRequest(list_services="")])
         try:
-            [resp] = list(stub.ServerReflectionInfo(reqs, timeout=10))
+            # Channels check health before calling: wait until the fresh server serves.
+            [resp] = list(stub.ServerReflectionInfo(reqs, timeout=30, wait_for_ready=True))
         except grpc.RpcError as err:
             assert err.code() is grpc.StatusCode.UNIMPLEMENTED
             return []
