@@ -859,6 +859,9 @@ class Reconciler:
         try:
             listing = await self.api.list_metadata(
                 f"/api/v1/namespaces/{job.namespace}/configmaps?labelSelector={selector}")
+            # What the job's status names right now is never garbage, whatever this replica
+            # remembers: after a takeover its index may still hold an older status.
+            named = _named_config_maps(await self.api.get(job_path(job.namespace, job.name)))
         except ApiError as err:
             log.warning("listing ConfigMaps of %s: %s", job.key, err)
             return
@@ -867,13 +870,20 @@ class Reconciler:
             owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
             name = meta["name"]
             if (job.metadata.uid not in owners or name in state.keep or name in mounted
-                    or name == results.alias_name(job.name)):
+                    or name in named or name == results.alias_name(job.name)):
                 continue
             try:
                 await self.api.delete(f"/api/v1/namespaces/{job.namespace}/configmaps/{name}")
             except ApiError as err:
                 if err.status != 404:
                     log.warning("deleting ConfigMap %s: %s", name, err)
+
+
+def _named_config_maps(job: Mapping[str, Any]) -> set[str]:
+    """The ConfigMaps a CollectiveJob's status names (its schedule's, whole or in parts)."""
+    st = job.get("status") or {}
+    parts = {p.get("name") for p in st.get("configMapParts") or () if isinstance(p, dict)}
+    return {n for n in parts | {st.get("configMap")} if isinstance(n, str) and n}
 
 
 def _touches(f: DeviceFailure, node: str, gpu: int) -> bool:

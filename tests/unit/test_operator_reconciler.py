@@ -388,3 +388,31 @@ def test_objects_that_do_not_fit_the_api_are_reported_in_their_status() -> None:
     asyncio.run(rec.round({"failure"}, 0.0))
     assert not [p for p in api.patches[before:]
                 if any(n in p[0] for n in ("/bad-gpu/", "/c/", "/z/"))]
+
+
+def test_what_the_status_names_survives_a_replica_with_an_older_view() -> None:
+    """A replica that took over may still hold a job as it was before the last publication
+    (its index lags the API server): its collector must not delete the ConfigMap the
+    status names now."""
+
+    class StatusApi(FakeApi):
+        async def get(self, path: str) -> Any:
+            if path.endswith("/collectivejobs/a"):
+                return {"status": self.status("a")}
+            return await super().get(path)
+
+    api, synth = StatusApi(), FakeSynth()
+    rec = Reconciler(lambda: _inputs([]), api, synth)
+
+    async def main() -> None:
+        await rec.round({"job"}, 0.0)
+        for flight in list(rec.flights.values()):
+            await flight.task
+        named = api.status("a")["configMap"]
+        successor = Reconciler(lambda: _inputs([]), api, synth)
+        [job] = [j for j in successor.read().jobs if j.name == "a"]
+        successor._state(job).keep = {"a-an-older-schedule"}  # what its stale index said
+        await successor._collect(successor.read().jobs, [])
+        assert named in api.configmaps()
+
+    asyncio.run(main())
