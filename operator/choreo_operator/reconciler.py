@@ -861,7 +861,8 @@ class Reconciler:
                 f"/api/v1/namespaces/{job.namespace}/configmaps?labelSelector={selector}")
             # What the job's status names right now is never garbage, whatever this replica
             # remembers: after a takeover its index may still hold an older status.
-            named = _named_config_maps(await self.api.get(job_path(job.namespace, job.name)))
+            named = _named_config_maps(
+                await self.api.get(job_path(job.namespace, job.name, "status")))
         except ApiError as err:
             log.warning("listing ConfigMaps of %s: %s", job.key, err)
             return

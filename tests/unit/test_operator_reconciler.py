@@ -397,7 +397,7 @@ def test_what_the_status_names_survives_a_replica_with_an_older_view() -> None:
 
     class StatusApi(FakeApi):
         async def get(self, path: str) -> Any:
-            if path.endswith("/collectivejobs/a"):
+            if path.endswith("/collectivejobs/a/status"):
                 return {"status": self.status("a")}
             return await super().get(path)
 
