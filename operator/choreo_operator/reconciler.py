@@ -127,6 +127,9 @@ class GroupPlan:
 
 @dataclass
 class JobState:
+    # Held while its ConfigMaps are written or collected: a schedule that comes back (same
+    # content, same name) must not be deleted between its create (409: exists) and its status.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
     conditions: list[dict[str, Any]] = field(default_factory=list)
     status_doc: dict[str, Any] = field(default_factory=dict)
     inputs_hash: str | None = None
@@ -491,6 +494,11 @@ class Reconciler:
     async def _publish(self, job: CollectiveJob, plan: GroupPlan, result: Any, response: Any,
                        reason: str, seconds: float) -> bool:
         """Write the job's new schedule and status; False when it was refused instead."""
+        async with self._state(job).lock:
+            return await self._write(job, plan, result, response, reason, seconds)
+
+    async def _write(self, job: CollectiveJob, plan: GroupPlan, result: Any, response: Any,
+                     reason: str, seconds: float) -> bool:
         pl = plan.placements[job.key]
         fabric = self._fabric
         assert fabric is not None
@@ -854,6 +862,11 @@ class Reconciler:
                                 if p.active and p.namespace == job.namespace
                                 for m in p.config_maps)
         state = self._state(job)
+        async with state.lock:
+            await self._collect_unused(job, state, mounted)
+
+    async def _collect_unused(self, job: CollectiveJob, state: JobState,
+                              mounted: frozenset[str]) -> None:
         state.mounted = mounted
         selector = f"{results.LABEL_JOB}={job.name[:63]}"
         try:
