@@ -380,12 +380,10 @@ def railed_ranks(fabric: Topology, ranks: Sequence[int]) -> set[int]:
     return out
 
 
-def hop_costs(fabric: Topology, view: Topology, hosts: list[list[tuple[int, int]]],
-              ranks: Sequence[int], nbytes: float,
-              railed: set[int] | None = None) -> tuple[Hop, Hop]:
+def hop_costs(view: Topology, hosts: list[list[tuple[int, int]]], owners: list[list[int]],
+              ranks: Sequence[int], nbytes: float) -> tuple[Hop, Hop]:
     """The routed cost of a send inside a host and of one along a rail, from the first host
-    with two GPUs and part 0's owners on the first two hosts."""
-    _, owners = owners_of(hosts, railed)
+    with two GPUs and part 0's owners (``owners_of``) on the first two hosts."""
     inside = next(h for h in hosts if len(h) > 1)
     pairs = [(ranks[inside[0][1]], ranks[inside[1][1]]),
              (ranks[owners[0][0]], ranks[owners[1][0]])]
@@ -416,7 +414,7 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
         slots, owners = owners_of(hosts, railed)
         parts = len(slots)
         owned = max(row.count(r) for row in owners for r in row)
-        host, rail = hop_costs(fabric, view, hosts, d.ranks, d.size / parts, railed)
+        host, rail = hop_costs(view, hosts, owners, d.ranks, d.size / parts)
         shape, weights = best_shape(
             Shape(parts, len(hosts), max(len(m) for m in hosts), owned=owned),
             d.size / parts, host, rail, d.n, d.chunks)
