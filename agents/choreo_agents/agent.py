@@ -19,18 +19,18 @@ from dataclasses import dataclass, field
 from choreo_agents.backends import Backend, BackendError
 from choreo_agents.fit import FitError, fit_alpha_beta
 from choreo_agents.health import HealthMonitor, Hysteresis, State
-from choreo_agents.kube import ApiError
 from choreo_agents.metrics import AgentMetrics, Heartbeat
 from choreo_agents.model import Fit, Inventory, LinkSpec, Peer, failure_name
 from choreo_agents.publisher import PROBE_REQUEST, Publisher, now_rfc3339
 from choreo_agents.report import fabric_spec, link_healthy, significant, status_counts
 from choreo_agents.schedule import Backoff, ProbeSchedule
 from choreo_api import Condition, Device, NodeFabricSpec, NodeFabricStatus
+from choreo_api.kube import CALL_ERRORS, message
 
 log = logging.getLogger(__name__)
 
 LinkId = tuple[int, Peer]
-WRITE_ERRORS = (ApiError, OSError)
+
 
 
 @dataclass
@@ -158,8 +158,8 @@ class Agent:
             return
         try:
             open_ones = self.publisher.load_failures()
-        except WRITE_ERRORS as exc:
-            log.warning("cannot list DeviceFailures yet: %s", exc)
+        except CALL_ERRORS as exc:
+            log.warning("cannot list DeviceFailures yet: %s", message(exc))
             self._backoff["load"].failed(now)
             return
         for key, reason in open_ones.items():
@@ -293,8 +293,8 @@ class Agent:
             return
         try:
             self.publisher.clear_probe_request()
-        except WRITE_ERRORS as exc:
-            log.warning("could not clear the %s annotation: %s", PROBE_REQUEST, exc)
+        except CALL_ERRORS as exc:
+            log.warning("could not clear the %s annotation: %s", PROBE_REQUEST, message(exc))
 
     # ---- publishing ----------------------------------------------------------------------
     def spec(self) -> NodeFabricSpec:
@@ -320,12 +320,12 @@ class Agent:
             return
         try:
             self.publisher.write_fabric(spec)
-        except WRITE_ERRORS as exc:
+        except CALL_ERRORS as exc:
             delay = backoff.failed(now)
             self.metrics.api_writes.labels(self.s.node, "NodeFabric", "error").inc()
             log.error(
                 "NodeFabric write rejected: %s (keeping the last good one, retry in %.1f s)",
-                exc, delay,
+                message(exc), delay,
             )  # fmt: skip
             return
         backoff.succeeded()
@@ -349,10 +349,10 @@ class Agent:
         )  # fmt: skip
         try:
             self.publisher.write_status(status)
-        except WRITE_ERRORS as exc:
+        except CALL_ERRORS as exc:
             delay = backoff.failed(now)
             self.metrics.api_writes.labels(self.s.node, "NodeFabricStatus", "error").inc()
-            log.error("NodeFabric status write rejected: %s (retry in %.1f s)", exc, delay)
+            log.error("NodeFabric status write rejected: %s (retry in %.1f s)", message(exc), delay)
             return
         backoff.succeeded()
         self.metrics.api_writes.labels(self.s.node, "NodeFabricStatus", "ok").inc()
@@ -398,12 +398,12 @@ class Agent:
         for key, failed, reason in todo:
             try:
                 self.publisher.write_failure(key, failed, reason)
-            except WRITE_ERRORS as exc:
+            except CALL_ERRORS as exc:
                 delay = backoff.failed(now)
                 self.metrics.api_writes.labels(self.s.node, "DeviceFailure", "error").inc()
                 log.error(
                     "DeviceFailure %s write rejected: %s (retry in %.1f s)",
-                    failure_name(self.s.node, key), exc, delay,
+                    failure_name(self.s.node, key), message(exc), delay,
                 )  # fmt: skip
                 return
             backoff.succeeded()

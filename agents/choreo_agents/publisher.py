@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from choreo_agents.kube import ApiError, KubeApi
 from choreo_agents.model import failure_name
 from choreo_api import (
     API_VERSION,
@@ -28,6 +27,7 @@ from choreo_api import (
     ValidationError,
     problem,
 )
+from choreo_api.kube import ApiException, Kube
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def now_rfc3339() -> str:
 class Publisher:
     def __init__(
         self,
-        api: KubeApi,
+        api: Kube,
         node: str,
         namespace: str,
         pod: tuple[str, str] | None = None,
@@ -105,7 +105,7 @@ class Publisher:
                 self._exists = True
                 self.generation = int(obj["metadata"].get("generation", 1))
                 return
-            except ApiError as exc:
+            except ApiException as exc:
                 if exc.status != 409:
                     raise
                 self._exists = True  # left by an earlier agent: take it over below
@@ -114,7 +114,7 @@ class Publisher:
                  "spec": body["spec"]}  # fmt: skip
         try:
             obj = self.api.merge_patch(self.fabric_path, patch)
-        except ApiError as exc:
+        except ApiException as exc:
             if exc.status == 404:
                 self._exists = False  # deleted under us (e.g. with an old Pod): recreate next time
             raise
@@ -168,7 +168,7 @@ class Publisher:
             ).dump()
             try:
                 self.api.create(f"/apis/{API_VERSION}/devicefailures", body)
-            except ApiError as exc:
+            except ApiException as exc:
                 if exc.status != 409:
                     raise
                 reopen = spec.model_dump(include={"resolved", "reason"})
@@ -176,7 +176,7 @@ class Publisher:
         else:
             try:
                 self.api.merge_patch(path, {"spec": spec.model_dump(include={"resolved"})})
-            except ApiError as exc:
+            except ApiException as exc:
                 if exc.status != 404:  # deleted by someone: nothing left to resolve
                     raise
         self.failures[key] = not failed

@@ -9,16 +9,16 @@ from __future__ import annotations
 import logging
 import threading
 
-from choreo_agents.kube import ApiError, KubeApi
 from choreo_agents.publisher import PROBE_REQUEST
 from choreo_agents.schedule import Backoff
 from choreo_api import API_VERSION
+from choreo_api.kube import CALL_ERRORS, Kube
 
 log = logging.getLogger(__name__)
 
 
 class RequestWatcher:
-    def __init__(self, api: KubeApi, node: str, namespace: str, requested: threading.Event) -> None:
+    def __init__(self, api: Kube, node: str, namespace: str, requested: threading.Event) -> None:
         self.api = api
         self.node = node
         self.path = f"/apis/{API_VERSION}/namespaces/{namespace}/nodefabrics"
@@ -45,7 +45,7 @@ class RequestWatcher:
                     if event.get("type") in ("ADDED", "MODIFIED") and PROBE_REQUEST in annotations:
                         self.requested.set()
                 backoff.succeeded()
-            except (ApiError, OSError, ValueError) as exc:
+            except (*CALL_ERRORS, ValueError) as exc:
                 delay = backoff.failed(0.0)
                 log.warning(
                     "watch on NodeFabric %s failed: %s (retry in %.1f s)", self.node, exc, delay

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import yaml
 
+from choreo_api.kube import ApiException, message
 from choreo_dev import build, fabric, nodes, paths
 from choreo_dev.cluster import Cluster, ClusterInfo, control_plane_binaries
 from choreo_dev.errors import DevClusterError
-from choreo_dev.kube import ApiError, run_kubectl
+from choreo_dev.kube import run_kubectl
 from choreo_dev.procs import is_alive
 from choreo_dev.versions import BINARIES, CONTROL_PLANE, binary
 
@@ -293,8 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DevClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except ApiError as exc:
-        print(f"error: the API server refused a request: {exc}", file=sys.stderr)
+    except ApiException as exc:
+        print(f"error: the API server refused a request: {message(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -102,7 +102,8 @@ class Cluster:
     def client(self) -> KubeClient:
         """REST client for the running cluster, authenticated as the admin."""
         info = self.info()
-        return KubeClient(info.server, self.layout.token.read_text().strip(), self.layout.ca_cert)
+        token = self.layout.token.read_text().strip()
+        return KubeClient.with_token(info.server, token, self.layout.ca_cert)
 
     def require_running(self) -> ClusterInfo:
         """Connection details, or an error naming the components that are down."""
@@ -190,7 +191,7 @@ class Cluster:
 
         progress(f"starting kube-apiserver on {HOST}:{ports['kube-apiserver']}")
         self._launch("kube-apiserver", binaries["kube-apiserver"], ports)
-        client = KubeClient(config.server_url(ports), token, layout.ca_cert)
+        client = KubeClient.with_token(config.server_url(ports), token, layout.ca_cert)
         wait_for(client.ready, APISERVER_TIMEOUT, "kube-apiserver /readyz", watchdog=self._watchdog)
 
         for name in CLIENTS:

@@ -27,7 +27,7 @@ from choreo_dev import schedules
 from choreo_dev.dashboard import promql
 from choreo_dev.dashboard.render import render
 from choreo_dev.errors import DevClusterError
-from choreo_dev.kube import ApiError, wait_for
+from choreo_dev.kube import ApiException, wait_for
 from choreo_dev.observe import GROUP, expected
 from choreo_dev.stack import HostStack
 
@@ -439,7 +439,7 @@ def run(out: Path, keep: bool, root: Path | None = None) -> int:
     try:
         demo.main()
         code = 0
-    except (DevClusterError, ApiError, AssertionError) as err:
+    except (DevClusterError, ApiException, AssertionError) as err:
         console.print(f"[bold red]error:[/] {escape(str(err))}")
         if demo.env is not None:
             console.print(f"logs: {escape(str(demo.env.stack.logs))}, "

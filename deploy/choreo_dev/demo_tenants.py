@@ -17,7 +17,7 @@ import yaml
 from choreo.generators import NDR_NIC_BANDWIDTH
 from choreo_dev.config import KEEP_RUNNING_LABEL
 from choreo_dev.demo_env import NAMESPACE, NODES, POOL_LABEL, DemoEnv
-from choreo_dev.kube import ApiError, KubeClient
+from choreo_dev.kube import ApiException, KubeClient
 from choreo_dev.observe import GROUP, Expected
 from choreo_operator.placement import healthy_slots
 
@@ -162,7 +162,7 @@ def add_fault(env: DemoEnv, node: str, event: dict[str, Any]) -> None:
 def failure(client: KubeClient, name: str) -> dict[str, Any] | None:
     try:
         return dict(client.get(f"{GROUP}/devicefailures/{name}"))
-    except ApiError as err:
+    except ApiException as err:
         if err.status == 404:
             return None
         raise

@@ -12,7 +12,7 @@ from typing import Any
 
 from choreo_dev.config import NOT_READY_LABEL
 from choreo_dev.fabric import NodeSpec, node_manifest
-from choreo_dev.kube import ApiError, KubeClient, wait_for
+from choreo_dev.kube import ApiException, KubeClient, wait_for
 
 NODES = "/api/v1/nodes"
 READY_TIMEOUT = 60.0
@@ -32,7 +32,7 @@ def add(client: KubeClient, specs: Iterable[NodeSpec]) -> list[str]:
     for spec in specs:
         try:
             client.create(NODES, node_manifest(spec))
-        except ApiError as exc:
+        except ApiException as exc:
             if exc.status != 409:
                 raise
         names.append(spec.name)
@@ -76,6 +76,6 @@ def delete(client: KubeClient, name: str) -> None:
     """Remove a fake node (a missing node is not an error)."""
     try:
         client.delete(f"{NODES}/{name}")
-    except ApiError as exc:
+    except ApiException as exc:
         if exc.status != 404:
             raise

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from choreo_dev.kube import ApiError, KubeClient
+from choreo_dev.kube import ApiException, KubeClient
 from choreo_operator import model, sources
 from choreo_operator.fabric import Fabric
 from choreo_operator.placement import Placement, place
-from choreo_operator.reconciler import GroupPlan, Inputs, Reconciler, Settings
+from choreo_operator.planning import Blocked, FabricCache, GroupPlan, Inputs, plan_groups
+from choreo_operator.reconciler import Settings
 
 GROUP = "/apis/choreo.dev/v1alpha1"
 
@@ -29,7 +30,7 @@ def served_items(client: KubeClient, group: str, plural: str) -> list[dict[str, 
     try:
         version = client.get(f"/apis/{group}")["preferredVersion"]["groupVersion"]
         return items(client, f"/apis/{version}/{plural}")
-    except (ApiError, KeyError, TypeError):
+    except (ApiException, KeyError, TypeError):
         return []
 
 
@@ -64,30 +65,6 @@ def read_inputs(client: KubeClient) -> Inputs:
     )
 
 
-class _NoApi:
-    """Planning only reads; any write would be a bug in this module."""
-
-    async def get(self, path: str) -> Any:
-        raise RuntimeError("offline planner")
-
-    async def list_metadata(self, path: str) -> Any:
-        raise RuntimeError("offline planner")
-
-    async def create(self, path: str, body: dict[str, Any]) -> Any:
-        raise RuntimeError("offline planner")
-
-    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
-        raise RuntimeError("offline planner")
-
-    async def delete(self, path: str) -> Any:
-        raise RuntimeError("offline planner")
-
-
-class _NoSynth:
-    async def synthesize(self, request: Any, timeout: float) -> Any:
-        raise RuntimeError("offline planner")
-
-
 @dataclass
 class Expected:
     """The operator's view of one snapshot."""
@@ -96,20 +73,21 @@ class Expected:
     fabric: Fabric | None
     placements: dict[str, Placement]
     plans: dict[str, GroupPlan]  # job key -> the plan of its group
-    blocked: dict[str, tuple[str, str, str]]  # job key -> (phase, reason, message)
+    blocked: dict[str, Blocked]  # job key -> (phase, reason, message)
 
 
 def expected(client: KubeClient, settings: Settings | None = None) -> Expected:
     """Plan a round from the current objects without touching anything."""
     inputs = read_inputs(client)
-    planner = Reconciler(lambda: inputs, _NoApi(), _NoSynth(), settings)
-    fabric, _ = planner.fabric(inputs)
+    settings = settings or Settings()
+    fabric, _ = FabricCache().fabric(inputs)
     jobs = [j for j in inputs.jobs if j.metadata.deletion_timestamp is None]
     placements = place(jobs, inputs.pods, fabric)
-    blocked: dict[str, tuple[str, str, str]] = {}
+    blocked: dict[str, Blocked] = {}
     plans: dict[str, GroupPlan] = {}
     if fabric is not None:
-        for plan in planner._plan(jobs, placements, fabric, blocked):
-            for job in plan.members:
-                plans[job.key] = plan
+        groups, blocked = plan_groups(
+            jobs, placements, fabric, max_buckets=settings.max_buckets,
+            restarts=settings.restarts, timeout_seconds=settings.call_timeout_seconds)
+        plans = {job.key: plan for plan in groups for job in plan.members}
     return Expected(inputs, fabric, dict(placements), plans, blocked)

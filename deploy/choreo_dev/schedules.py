@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from choreo import msccl
-from choreo_dev.kube import ApiError, KubeClient
+from choreo_dev.kube import ApiException, KubeClient
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Published:
 def _get(client: KubeClient, namespace: str, name: str) -> dict[str, Any] | None:
     try:
         return dict(client.get(f"/api/v1/namespaces/{namespace}/configmaps/{name}"))
-    except ApiError as err:
+    except ApiException as err:
         if err.status == 404:
             return None
         raise

@@ -1,85 +1,103 @@
-"""A small async Kubernetes REST client for the writes kopf does not do for us.
+"""The operator's writes through the official async client, with the credentials kopf uses.
 
-It reuses the credentials kopf logged in with (kubeconfig or the pod's ServiceAccount), so the
-operator's RBAC is exactly what the ServiceAccount grants.
+kopf watches; choreo writes ConfigMaps, statuses, events and its Lease. Both must act as the
+same ServiceAccount and follow the same credential changes, so the login handler loads one
+``kubernetes_asyncio`` configuration (kubeconfig or in-cluster, whose token is re-read as the
+kubelet rotates it), hands kopf a ``ConnectionInfo`` made from it, and swaps it into the
+clients here on every login, including kopf's re-login after a 401.
+
+Calls go by API path, with plain JSON bodies: the operator handles documents that the
+``choreo_api`` models validate, and a metadata-only list (garbage collection reads names, not
+megabytes of ConfigMap data) has no typed call. Every failure is the client's
+:class:`ApiException`.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import json
 import os
-import ssl
 from typing import Any
 
 import aiohttp
 import kopf
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client import ApiException
+
+__all__ = ["CALL_ERRORS", "ApiException", "Kube", "connection_info", "load_configuration"]
 
 JSON = "application/json"
 MERGE = "application/merge-patch+json"
-# A list of objects without their contents: what garbage collection needs, not megabytes of
-# ConfigMap data.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+CALL_ERRORS = (ApiException, aiohttp.ClientError, TimeoutError)
+"""What a call fails with when the API server refuses it or cannot be reached."""
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, method: str, path: str, body: str) -> None:
-        super().__init__(f"{method} {path}: HTTP {status}: {body[:300]}")
-        self.status = status
+async def load_configuration(kubeconfig: str | None) -> client.Configuration:
+    """``kubeconfig``, else ``$KUBECONFIG``, else the in-cluster ServiceAccount."""
+    cfg = client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path:
+        await config.load_kube_config(config_file=path, client_configuration=cfg,
+                                      persist_config=False)
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    return cfg
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _pem(data: str | bytes) -> str:
-    text = _text(data)
-    return text if "-----BEGIN" in text else base64.b64decode(text).decode()
-
-
-def ssl_context(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
-    if info.insecure:
-        return False
-    ctx = ssl.create_default_context()
-    if info.ca_path:
-        ctx.load_verify_locations(cafile=os.fsdecode(info.ca_path))
-    elif info.ca_data:
-        ctx.load_verify_locations(cadata=_pem(info.ca_data))
-    if info.certificate_path and info.private_key_path:
-        ctx.load_cert_chain(os.fsdecode(info.certificate_path), os.fsdecode(info.private_key_path))
-    return ctx
+async def connection_info(cfg: client.Configuration) -> kopf.ConnectionInfo:
+    """The same credentials for kopf's watches."""
+    auth = (await cfg.auth_settings()).get("BearerToken")
+    scheme, token = None, None
+    if auth:
+        scheme, _, token = str(auth["value"]).partition(" ")
+        if not token:
+            scheme, token = "Bearer", scheme
+    return kopf.ConnectionInfo(
+        server=str(cfg.host), ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+        scheme=scheme, token=token, certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file, default_namespace=None)
 
 
 class Kube:
-    """JSON requests against one API server."""
+    """Path-based JSON calls; waits for the first login, follows every later one."""
 
-    def __init__(self, info: kopf.ConnectionInfo) -> None:
-        self.server = info.server.rstrip("/")
-        self._headers = {"Accept": JSON}
-        if info.token:
-            self._headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-        self._ssl = ssl_context(info)
-        self._session: aiohttp.ClientSession | None = None
+    def __init__(self, pool: int = 16) -> None:
+        self._pool = pool
+        self._client: client.ApiClient | None = None
+        self._retired: list[client.ApiClient] = []
+        self._ready = asyncio.Event()
+
+    async def login(self, cfg: client.Configuration) -> None:
+        """Use ``cfg`` from now on; calls in flight finish on the old connections."""
+        cfg.connection_pool_maxsize = self._pool
+        for old in self._retired:  # the one before the last login: long idle by now
+            await old.close()
+        self._retired = [self._client] if self._client is not None else []
+        self._client = client.ApiClient(cfg)
+        self._ready.set()
 
     async def request(self, method: str, path: str, body: Any = None,
                       content_type: str = JSON, timeout: float = 15.0, accept: str = JSON,
                       answer: bool = True) -> Any:
         """The decoded answer, or None with ``answer=False`` (a created ConfigMap is echoed
         back whole, megabytes nobody reads)."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=16))
-        headers = {**self._headers, "Accept": accept}
-        data = None
+        await self._ready.wait()
+        api = self._client
+        assert api is not None
+        headers = {"Accept": accept}
         if body is not None:
-            data = json.dumps(body)
             headers["Content-Type"] = content_type
-        async with self._session.request(method, self.server + path, data=data, headers=headers,
-                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        resp = await api.call_api(path, method, header_params=headers, body=body,
+                                  auth_settings=["BearerToken"], _preload_content=False,
+                                  _request_timeout=timeout)
+        async with resp:
             raw = await resp.read()
-            if resp.status >= 300:
-                raise ApiError(resp.status, method, path, raw.decode(errors="replace"))
-            return json.loads(raw) if raw and answer else None
+            if not 200 <= resp.status <= 299:
+                err = ApiException(status=resp.status, reason=resp.reason)
+                err.body, err.headers = raw.decode(errors="replace"), resp.headers
+                raise err
+        return json.loads(raw) if raw and answer else None
 
     async def get(self, path: str) -> Any:
         return await self.request("GET", path)
@@ -102,6 +120,6 @@ class Kube:
         return await self.request("DELETE", path)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for api in [*self._retired, *([self._client] if self._client else [])]:
+            await api.close()
+        self._retired, self._client = [], None

@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-import aiohttp
-
-from choreo_operator.kube import ApiError
+from choreo_operator.kube import CALL_ERRORS, ApiException
 
 log = logging.getLogger("choreo.operator.leader")
 
@@ -75,7 +73,7 @@ class Elector:
         path = f"{e.collection}/{e.name}"
         try:
             lease = await self.api.get(path)
-        except ApiError as err:
+        except ApiException as err:
             if err.status != 404:
                 raise
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
@@ -83,7 +81,7 @@ class Elector:
                     "spec": self._spec(0)}
             try:
                 await self.api.create(e.collection, body)
-            except ApiError as err2:
+            except ApiException as err2:
                 if err2.status == 409:
                     return False
                 raise
@@ -103,7 +101,7 @@ class Elector:
         body = {**lease, "spec": self._spec(transitions, acquired)}
         try:
             await self.api.replace(path, body)
-        except ApiError as err:
+        except ApiException as err:
             if err.status == 409:  # someone else wrote first: read again next time
                 return False
             raise
@@ -123,7 +121,7 @@ class Elector:
             spec = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
             await self.api.replace(path, {**lease, "spec": spec})
             log.info("released the Lease %s/%s", e.namespace, e.name)
-        except (ApiError, aiohttp.ClientError, TimeoutError) as err:
+        except CALL_ERRORS as err:
             log.warning("releasing the Lease: %s", err)
 
     async def run(self, on_started: Callable[[], Awaitable[None]],
@@ -135,7 +133,7 @@ class Elector:
         while True:
             try:
                 ok = await self.try_acquire_or_renew()
-            except (ApiError, aiohttp.ClientError, TimeoutError) as err:
+            except CALL_ERRORS as err:
                 log.warning("Lease %s/%s: %s", e.namespace, e.name, err)
                 ok = False
             if ok:

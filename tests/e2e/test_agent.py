@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from choreo_dev.kube import ApiError
+from choreo_dev.kube import ApiException
 from choreo_dev.testing import LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -138,7 +138,7 @@ def nodefabric(cluster: LocalCluster, ns: str, node: str) -> dict[str, Any] | No
         obj: dict[str, Any] = cluster.client.get(
             f"/apis/{GROUP}/namespaces/{ns}/nodefabrics/{node}"
         )
-    except ApiError as exc:
+    except ApiException as exc:
         if exc.status == 404:
             return None
         raise
@@ -148,7 +148,7 @@ def nodefabric(cluster: LocalCluster, ns: str, node: str) -> dict[str, Any] | No
 def failure(cluster: LocalCluster, name: str) -> dict[str, Any] | None:
     try:
         obj: dict[str, Any] = cluster.client.get(f"/apis/{GROUP}/devicefailures/{name}")
-    except ApiError as exc:
+    except ApiException as exc:
         if exc.status == 404:
             return None
         raise

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from choreo_dev import operator_testing as T
-from choreo_dev.kube import ApiError
+from choreo_dev.kube import ApiException
 from choreo_dev.testing import LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -73,7 +73,7 @@ def stack(cluster: LocalCluster, tmp_path: Path) -> Iterator[dict[str, Any]]:
             *(f"{GROUP}/devicefailures/{n}-link-1-4" for n in nodes),
         )
         for path in leftovers:
-            with contextlib.suppress(ApiError):
+            with contextlib.suppress(ApiException):
                 cluster.client.delete(path)
     assert not any(p.alive() for p in procs)
     assert all(p.popen.returncode == 0 for p in procs if p.name.startswith("agent")), [

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from choreo_dev import build
-from choreo_dev.kube import ApiError, KubeClient
+from choreo_dev.kube import ApiException, KubeClient
 from choreo_dev.testing import LocalCluster
 from choreo_dev.versions import binary
 
@@ -142,7 +142,7 @@ def agent_client(inst: Installed, bound: bool = True) -> tuple[KubeClient, str]:
         args += ["--bound-object-kind", "Pod", "--bound-object-name", pod["metadata"]["name"]]
     token = inst.cluster.kubectl(*args).strip()
     ca = inst.cluster.info.state_dir / "pki" / "ca.crt"
-    return KubeClient(inst.cluster.info.server, token, ca), pod["spec"]["nodeName"]
+    return KubeClient.with_token(inst.cluster.info.server, token, ca), pod["spec"]["nodeName"]
 
 
 def node_fabric(namespace: str, name: str, node: str) -> dict[str, Any]:
@@ -157,8 +157,8 @@ def device_failure(name: str, node: str) -> dict[str, Any]:
             "spec": {"node": node, "device": {"type": "gpu", "gpu": 0}, "source": "agent"}}
 
 
-def denied(call: Any) -> ApiError:
-    with pytest.raises(ApiError) as info:
+def denied(call: Any) -> ApiException:
+    with pytest.raises(ApiException) as info:
         call()
     assert info.value.status == 403, info.value
     return info.value
@@ -174,7 +174,7 @@ def test_agent_writes_its_own_node_only(installed: Installed) -> None:
     def refused() -> bool:
         try:
             client.create(fabrics, stranger)
-        except ApiError as err:
+        except ApiException as err:
             return err.status == 403 and "may not write nodefabrics" in err.body
         client.delete(f"{fabrics}/{other}")
         return False

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from choreo_dev.kube import ApiError, KubeClient
+from choreo_dev.kube import ApiException, KubeClient
 from choreo_dev.testing import LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -62,8 +62,9 @@ def test_every_component_listens_only_on_loopback(cluster: LocalCluster) -> None
 
 
 def test_unauthenticated_requests_are_rejected(cluster: LocalCluster) -> None:
-    stranger = KubeClient(cluster.info.server, "not-a-token", cluster.cluster.layout.ca_cert)
-    with pytest.raises(ApiError) as info:
+    stranger = KubeClient.with_token(
+        cluster.info.server, "not-a-token", cluster.cluster.layout.ca_cert)
+    with pytest.raises(ApiException) as info:
         stranger.get("/api/v1/namespaces")
     assert info.value.status == 401
 
@@ -92,7 +93,7 @@ def test_crd_is_served_and_validated(cluster: LocalCluster) -> None:
     assert got["spec"]["gpus"] == 2
 
     bad = {**probe, "metadata": {"name": "p2", "namespace": ns}, "spec": {"gpus": 0}}
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(ApiException) as info:
         cluster.client.create(f"/apis/e2e.choreo.dev/v1/namespaces/{ns}/gpuprobes", bad)
     assert info.value.status == 422
     assert "spec.gpus" in info.value.body

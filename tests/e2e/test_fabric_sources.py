@@ -22,7 +22,7 @@ import pytest
 
 from choreo_dev import observe
 from choreo_dev import operator_testing as T
-from choreo_dev.kube import ApiError
+from choreo_dev.kube import ApiException
 from choreo_dev.testing import LocalCluster
 from choreo_operator import model
 
@@ -56,7 +56,7 @@ class World:
         try:
             return dict(self.cluster.client.get(f"{GROUP}/fabrictopologies/{NAME}").get(
                 "status") or {})
-        except ApiError:
+        except ApiException:
             return {}
 
     def wait(self, what: str, check: Any, timeout: float = 30.0) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class World:
             yield self.wait("the fabric is built", lambda s: s.get("observedGeneration") == 1)
         finally:
             self.operator.stop()
-            with contextlib.suppress(ApiError):
+            with contextlib.suppress(ApiException):
                 self.cluster.client.delete(f"{GROUP}/fabrictopologies/{NAME}")
             self.cluster.wait_for(lambda: not _exists(self.cluster), "FabricTopology deleted",
                                   timeout=30)
@@ -94,7 +94,7 @@ def _exists(cluster: LocalCluster) -> bool:
     try:
         cluster.client.get(f"{GROUP}/fabrictopologies/{NAME}")
         return True
-    except ApiError:
+    except ApiException:
         return False
 
 
@@ -147,7 +147,7 @@ def world(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
                    for h in [*w.hypernodes, "leaf-x"]),
                  f"{GROUP}/fabrictopologies/{NAME}"]
         for path in paths:
-            with contextlib.suppress(ApiError):
+            with contextlib.suppress(ApiException):
                 cluster.client.delete(path)
         # later modules' operators run with the shipped ClusterRole: leave no foreign CRDs
         for name in CRDS:

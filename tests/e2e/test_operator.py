@@ -20,7 +20,7 @@ import pytest
 
 from choreo import msccl
 from choreo_dev import operator_testing as T
-from choreo_dev.kube import ApiError
+from choreo_dev.kube import ApiException
 from choreo_dev.testing import LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -118,7 +118,7 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         st.synth.stop()
         for path in (f"{GROUP}/fabrictopologies/e2e",
                      f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{WEBHOOK}"):
-            with contextlib.suppress(ApiError):
+            with contextlib.suppress(ApiException):
                 cluster.client.delete(path)
     assert not st.operator.alive() and not st.synth.alive()
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from choreo_dev import operator_testing as T
-from choreo_dev.kube import ApiError
+from choreo_dev.kube import ApiException
 from choreo_dev.testing import LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -107,7 +107,7 @@ def ha(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
             r.proc.stop()
         synth.stop()
         for path in (f"{GROUP}/fabrictopologies/ha", f"{GROUP}/devicefailures/ha-gpu", LEASE):
-            with contextlib.suppress(ApiError):
+            with contextlib.suppress(ApiException):
                 cluster.client.delete(path)
     assert not any(r.proc.alive() for r in state.replicas.values()) and not synth.alive()
 

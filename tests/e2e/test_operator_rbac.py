@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from choreo_dev import operator_testing as T
-from choreo_dev.kube import ApiError, KubeClient
+from choreo_dev.kube import ApiException, KubeClient
 from choreo_dev.testing import LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -49,9 +49,9 @@ def test_operator_works_with_its_own_service_account(
     ca = base64.b64decode(yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"][
         "certificate-authority-data"])
     (tmp_path / "ca.crt").write_bytes(ca)
-    as_sa = KubeClient(cluster.info.server, token, tmp_path / "ca.crt")
+    as_sa = KubeClient.with_token(cluster.info.server, token, tmp_path / "ca.crt")
     for forbidden in ("/api/v1/secrets", f"{GROUP}/namespaces/default/collectivejobs/x"):
-        with pytest.raises(ApiError) as err:
+        with pytest.raises(ApiException) as err:
             as_sa.get(forbidden)
         assert err.value.status == 403
 

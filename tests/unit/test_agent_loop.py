@@ -14,11 +14,11 @@ from choreo_agents.agent import Agent, Settings
 from choreo_agents.backends import BackendError
 from choreo_agents.backends.script import parse_script
 from choreo_agents.backends.sim import SimBackend
-from choreo_agents.kube import ApiError
 from choreo_agents.metrics import AgentMetrics
 from choreo_agents.publisher import PROBE_REQUEST, Publisher
 from choreo_agents.report import fabric_spec, significant
 from choreo_api import API_VERSION, NodeFabricSpec
+from choreo_api.kube import ApiException
 
 NS = "choreo-system"
 FABRIC = f"/apis/{API_VERSION}/namespaces/{NS}/nodefabrics/n0"
@@ -50,14 +50,14 @@ class FakeApi:
             ]
             return {"items": copy.deepcopy(items)}
         if path not in self.objects:
-            raise ApiError(404, "not found", "GET", path)
+            raise ApiException(status=404, reason="Not Found")
         return copy.deepcopy(self.objects[path])
 
     def create(self, path: str, obj: dict[str, Any]) -> Any:
         self._check()
         full = f"{path}/{obj['metadata']['name']}"
         if full in self.objects:
-            raise ApiError(409, "exists", "POST", path)
+            raise ApiException(status=409, reason="AlreadyExists")
         stored = copy.deepcopy(obj)
         stored["metadata"]["generation"] = 1
         stored.pop("status", None)
@@ -70,7 +70,7 @@ class FakeApi:
         status = path.endswith("/status")
         target = path.removesuffix("/status")
         if target not in self.objects:
-            raise ApiError(404, "not found", "PATCH", path)
+            raise ApiException(status=404, reason="Not Found")
         obj = self.objects[target]
         before = json.dumps(obj.get("spec"), sort_keys=True)
         _merge(obj, patch)
@@ -216,7 +216,7 @@ def test_rejected_writes_back_off_and_keep_the_last_good_fabric() -> None:
     agent, api, clock = make_agent("events: [{at: 3s, gpu-lost: 0}]")
     step(agent, clock, ticks=4)
     good = copy.deepcopy(api.objects[FABRIC])
-    api.fail = ApiError(422, '{"message": "spec.links: Invalid value"}', "PATCH", FABRIC)
+    api.fail = ApiException(status=422, reason="Unprocessable Entity")
     step(agent, clock, ticks=6)
     assert api.objects[FABRIC] == good
     assert agent._backoff["fabric"].failures >= 1

@@ -6,7 +6,8 @@ import asyncio
 import copy
 from typing import Any
 
-from choreo_operator.kube import ApiError
+from kubernetes_asyncio.client import ApiException
+
 from choreo_operator.leader import Election, Elector
 
 
@@ -17,18 +18,18 @@ class LeaseStore:
 
     async def get(self, path: str) -> Any:
         if self.lease is None:
-            raise ApiError(404, "GET", path, "not found")
+            raise ApiException(status=404, reason="not found")
         return copy.deepcopy(self.lease)
 
     async def create(self, path: str, body: dict[str, Any]) -> Any:
         if self.lease is not None:
-            raise ApiError(409, "POST", path, "exists")
+            raise ApiException(status=409, reason="exists")
         return await self._store(body)
 
     async def replace(self, path: str, body: dict[str, Any]) -> Any:
         assert self.lease is not None
         if body["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
-            raise ApiError(409, "PUT", path, "the object has been modified")
+            raise ApiException(status=409, reason="the object has been modified")
         return await self._store(body)
 
     async def _store(self, body: dict[str, Any]) -> Any:
@@ -64,7 +65,7 @@ def test_one_leader_and_a_takeover_only_after_the_lease_runs_out() -> None:
         try:
             await store.replace("", stale)
             raise AssertionError("a stale write was accepted")
-        except ApiError as err:
+        except ApiException as err:
             assert err.status == 409
         assert store.lease is not None and store.lease["spec"]["leaseTransitions"] == 1
 

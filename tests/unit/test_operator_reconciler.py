@@ -8,13 +8,15 @@ from typing import Any
 import aiohttp
 import pytest
 from api_helpers import fabric, failure, job
+from kubernetes_asyncio.client import ApiException
 
 from choreo.service.api import pb
 from choreo_api import DeviceFailure
 from choreo_operator import model
-from choreo_operator.kube import ApiError
 from choreo_operator.model import NodeInfo, PodInfo
-from choreo_operator.reconciler import Inputs, Reconciler, Settings
+from choreo_operator.placement import place
+from choreo_operator.planning import FabricCache, Inputs, plan_groups
+from choreo_operator.reconciler import Reconciler, Settings
 from choreo_operator.synthclient import Outcome, SynthesisError
 
 XML = '<algo ngpus="{n}"></algo>'
@@ -41,7 +43,7 @@ class FakeApi:
     async def create(self, path: str, body: dict[str, Any]) -> Any:
         key = f"{path}/{body['metadata'].get('name', len(self.objects))}"
         if key in self.objects:
-            raise ApiError(409, "POST", path, "exists")
+            raise ApiException(status=409, reason="exists")
         self.objects[key] = body
         return body
 
@@ -100,6 +102,12 @@ def _inputs(failures: list[DeviceFailure]) -> Inputs:
     return Inputs([fabric(2, type="rail", rails=1)], {}, failures, nodes, jobs, pods)
 
 
+async def _landed(rec: Reconciler) -> None:
+    """Wait for the syntheses under way to publish or give up."""
+    for flight in list(rec.flights.running.values()):
+        await flight.task
+
+
 def _run(failures_seq: list[list[DeviceFailure]], synth: FakeSynth,
          api: FakeApi) -> Reconciler:
     state = {"failures": failures_seq[0]}
@@ -110,8 +118,7 @@ def _run(failures_seq: list[list[DeviceFailure]], synth: FakeSynth,
         for failures in failures_seq:
             state["failures"] = failures
             await rec.round({"failure"}, 0.0)
-            for flight in list(rec.flights.values()):
-                await flight.task
+            await _landed(rec)
     asyncio.run(main())
     return rec
 
@@ -144,6 +151,59 @@ def test_synthesizer_down_degrades_then_recovers() -> None:
     degraded = next(s for s in api.statuses("a") if s.get("phase") == "Degraded")
     reason = {c["type"]: c["reason"] for c in degraded["conditions"]}["Degraded"]
     assert reason == "SynthesizerUnavailable"
+
+
+def test_retries_back_off_within_the_bound_and_stop_once_the_inputs_move_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sleep = asyncio.sleep
+    delays: list[float] = []
+
+    async def no_wait(seconds: float, *args: Any) -> Any:
+        delays.append(seconds)
+        return await sleep(0, *args)
+
+    class MovingOn(FakeSynth):
+        async def synthesize(self, request: Any, timeout: float) -> Any:
+            self.calls.append(request)
+            if len(self.calls) == 8:  # a newer round while this one is retrying
+                rec.flights.current = dict.fromkeys(rec.flights.current, "newer inputs")
+            raise SynthesisError(Outcome.RETRY, "UNAVAILABLE", "connection refused")
+
+    api, synth = FakeApi(), MovingOn()
+    rec = Reconciler(lambda: _inputs([]), api, synth,
+                     Settings(backoff_initial_seconds=0.5, backoff_max_seconds=4.0))
+    monkeypatch.setattr(asyncio, "sleep", no_wait)
+
+    async def main() -> None:
+        await rec.round({"job"}, 0.0)
+        await _landed(rec)
+
+    asyncio.run(main())
+    assert len(synth.calls) == 8 and len(delays) == 7 and api.configmaps() == []
+    assert 0.5 <= delays[0] <= 1.0 and delays[:4] == sorted(delays[:4])
+    assert max(delays) == delays[-1] == 4.0
+    messages = [c["message"] for s in api.statuses("a") for c in s["conditions"]
+                if c["type"] == "Degraded"]
+    assert f"retrying in {delays[0]:.1f} s" in messages[0]
+
+
+def test_planning_is_a_pure_function_of_the_inputs() -> None:
+    inputs = _inputs([])
+    fab, _ = FabricCache().fabric(inputs)
+    assert fab is not None
+    placements = place(inputs.jobs, inputs.pods, fab)
+    limits: dict[str, Any] = {"max_buckets": 4, "restarts": 2, "timeout_seconds": 60.0}
+    plans, blocked = plan_groups(inputs.jobs, placements, fab, **limits)
+    again, _ = plan_groups(inputs.jobs, placements, fab, **limits)
+    [plan] = plans  # a and b share the NIC: one group, with a fallback for each alone
+    assert not blocked and [p.inputs_hash for p in again] == [plan.inputs_hash]
+    assert [j.key for j in plan.members] == ["ns/a", "ns/b"] and len(plan.singles) == 2
+    [capped], _ = plan_groups(inputs.jobs, placements, fab, bucket_caps={"ns/b": 2}, **limits)
+    assert capped.options.max_buckets == 2 and capped.inputs_hash != plan.inputs_hash
+    pods = [p for p in inputs.pods if not p.name.startswith("b")]
+    plans, blocked = plan_groups(inputs.jobs, place(inputs.jobs, pods, fab), fab, **limits)
+    assert blocked == {"ns/b": ("Pending", "NoPods", "no running pod matches the selector")}
+    assert [[j.key for j in p.members] for p in plans] == [["ns/a"]]
 
 
 def test_infeasible_keeps_the_old_schedule() -> None:
@@ -187,14 +247,12 @@ def test_a_synthesis_task_that_fails_is_reported_and_retried() -> None:
 
     async def main() -> None:
         await rec.round({"job"}, 0.0)
-        for flight in list(rec.flights.values()):
-            await flight.task
-        assert not rec.flights  # the failed flight is gone, so a later round starts anew
+        await _landed(rec)
+        assert not rec.flights.running  # the failed flight is gone, so a later round starts anew
         reasons, _ = await asyncio.wait_for(rec.debouncer.wait(), 5)
         assert "retry" in reasons
         await rec.round(reasons, 0.0)
-        for flight in list(rec.flights.values()):
-            await flight.task
+        await _landed(rec)
 
     asyncio.run(main())
     degraded = [s for s in api.statuses("a") if s.get("phase") == "Degraded"]
@@ -215,7 +273,7 @@ def test_a_schedule_too_large_for_configmaps_is_reported_once_not_retried() -> N
     api, synth = FakeApi(), HugeSynth()
     rec = _run([[], []], synth, api)
     assert len(synth.calls) == 1  # the same inputs are not synthesized again
-    assert not rec.flights and api.configmaps() == []
+    assert not rec.flights.running and api.configmaps() == []
     final = api.status("a")
     reason = {c["type"]: c["reason"] for c in final["conditions"]}
     assert final["phase"] == "Degraded" and reason["Degraded"] == "ScheduleTooLarge"
@@ -244,12 +302,10 @@ def test_files_too_large_for_a_configmap_are_synthesized_again_with_fewer_bucket
 
     async def main() -> None:
         await rec.round({"job"}, 0.0)
-        for flight in list(rec.flights.values()):
-            await flight.task
+        await _landed(rec)
         reasons, _ = await asyncio.wait_for(rec.debouncer.wait(), 5)
         await rec.round(reasons, 0.0)
-        for flight in list(rec.flights.values()):
-            await flight.task
+        await _landed(rec)
 
     asyncio.run(main())
     assert [c.options.max_buckets for c in synth.calls] == [4, 2]  # 1.6 MiB -> 2 buckets
@@ -260,7 +316,7 @@ def test_files_too_large_for_a_configmap_are_synthesized_again_with_fewer_bucket
 
 
 @pytest.mark.parametrize("lost", [
-    ApiError(503, "PATCH", "status", "etcdserver: leader changed"),
+    ApiException(status=503, reason="etcdserver: leader changed"),
     aiohttp.ClientConnectionError("connection reset by peer")], ids=["503", "reset"])
 def test_a_status_write_lost_to_an_api_restart_keeps_the_schedule_it_names(
         lost: Exception) -> None:
@@ -286,9 +342,8 @@ def test_a_status_write_lost_to_an_api_restart_keeps_the_schedule_it_names(
 
     async def settle(reasons: set[str]) -> None:
         await rec.round(reasons, 0.0)
-        for flight in list(rec.flights.values()):
-            await flight.task
-        await rec._collect(rec.read().jobs, [])  # nothing mounts anything: collect at will
+        await _landed(rec)
+        await rec.publisher.collect(rec.read().jobs, [])  # nothing mounts anything: collect at will
 
     async def main() -> None:
         await settle({"job"})
@@ -326,7 +381,7 @@ def test_a_stopped_reconciler_runs_again_and_redoes_what_was_cut_short() -> None
         await asyncio.sleep(0.1)  # the synthesis is in flight
         task.cancel()
         await rec.stop()
-        assert not rec.flights and api.status("a").get("phase") != "Ready"
+        assert not rec.flights.running and api.status("a").get("phase") != "Ready"
         task = asyncio.create_task(rec.run())
         rec.poke("leader")
         for _ in range(100):
@@ -406,13 +461,12 @@ def test_what_the_status_names_survives_a_replica_with_an_older_view() -> None:
 
     async def main() -> None:
         await rec.round({"job"}, 0.0)
-        for flight in list(rec.flights.values()):
-            await flight.task
+        await _landed(rec)
         named = api.status("a")["configMap"]
         successor = Reconciler(lambda: _inputs([]), api, synth)
         [job] = [j for j in successor.read().jobs if j.name == "a"]
-        successor._state(job).keep = {"a-an-older-schedule"}  # what its stale index said
-        await successor._collect(successor.read().jobs, [])
+        successor.reporter.state(job).keep = {"a-an-older-schedule"}  # what its stale index said
+        await successor.publisher.collect(successor.read().jobs, [])
         assert named in api.configmaps()
 
     asyncio.run(main())

@@ -20,7 +20,7 @@ from typing import Any
 from choreo_dev import build, fabric, nodes
 from choreo_dev import operator_testing as op_testing
 from choreo_dev.cluster import Cluster, ClusterInfo
-from choreo_dev.kube import ApiError, KubeClient, run_kubectl, wait_for
+from choreo_dev.kube import ApiException, KubeClient, run_kubectl, wait_for
 from choreo_dev.observe import GROUP
 from choreo_dev.stack import (
     HOST,
@@ -98,7 +98,7 @@ class World:
                      "interNode": {"type": "rail", "rails": rails}}})
 
     def namespace(self, name: str) -> str:
-        with contextlib.suppress(ApiError):
+        with contextlib.suppress(ApiException):
             self.client.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                       "metadata": {"name": name}})
         return name

@@ -1,0 +1,209 @@
+"""What a round asks the synthesizer for: the live fabric, and one plan per tenant group.
+
+Planning is a pure function of the round's inputs (no API server, no synthesizer, no
+reconciler), so the operator and its offline observers (the demo, the scenarios) plan alike.
+Each plan carries the hash of everything its schedule depends on (the group's sub-fabric,
+members, ranks, collectives and options): a group is synthesized only if that hash differs
+from the one its members' status records, so replays after a restart, duplicate events and the
+operator's own status updates cost nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from choreo.errors import ChoreoError
+from choreo.service.client import RequestOptions, TenantRequest
+from choreo.topology import Topology
+from choreo_api import CollectiveJob, DeviceFailure, FabricTopology, NodeFabricSpec
+from choreo_operator.fabric import (
+    BaseFabric,
+    Fabric,
+    Subfabrics,
+    apply_failures,
+    base_fabric,
+    fabric_nodes,
+)
+from choreo_operator.grouping import Group, Member, groups
+from choreo_operator.model import SHIP_ANYWAY, Invalid, NodeInfo, PodInfo
+from choreo_operator.placement import Placement, RankSlot, healthy_slots
+
+# The request options a CollectiveJob's inputs hash covers (what the operator sets; the hashes
+# recorded in job statuses stay valid across versions that add options).
+HASHED_OPTIONS = ("dialect", "instances", "protocol", "restarts", "max_buckets",
+                  "deadline_seconds", "ship_slower_than_nccl")
+
+Blocked = tuple[str, str, str]  # why a job is not planned: condition, reason, message
+
+
+@dataclass
+class Inputs:
+    """Everything a round reads, as compact values. ``notes`` are each FabricTopology's
+    source problems; ``invalid`` the objects of choreo's kinds that do not fit the API."""
+
+    fabrics: list[FabricTopology]
+    node_fabrics: dict[str, NodeFabricSpec]
+    failures: list[DeviceFailure]
+    nodes: dict[str, NodeInfo]
+    jobs: list[CollectiveJob]
+    pods: list[PodInfo]
+    notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    invalid: list[Invalid] = field(default_factory=list)
+
+
+@dataclass
+class GroupPlan:
+    group: Group
+    members: list[CollectiveJob]
+    placements: dict[str, Placement]
+    slots: dict[str, list[RankSlot]]  # job key -> its live ranks, in rank order
+    tenants: list[TenantRequest]
+    request_fabric: Any
+    inputs_hash: str
+    fingerprint: str
+    options: RequestOptions
+    alone: str = ""  # why the group's tenants were synthesized one by one
+    singles: list[tuple[Any, TenantRequest]] = field(default_factory=list)
+
+
+def digest(doc: Any) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+class FabricCache:
+    """The live fabric of a round, rebuilt only when its inputs change: a DeviceFailure or a
+    node going down re-applies failures to the cached base fabric, and only a FabricTopology
+    or NodeFabric change rebuilds that base (and drops the sub-fabrics cut from it)."""
+
+    def __init__(self) -> None:
+        self.subs = Subfabrics()
+        self.fingerprint = ""
+        self._key: Any = None
+        self._fabric: Fabric | None = None
+        self._base: tuple[Any, BaseFabric] | None = None
+
+    def fabric(self, inputs: Inputs) -> tuple[Fabric | None, list[str]]:
+        """The fabric, and notes on the FabricTopologies that are ignored."""
+        if not inputs.fabrics:
+            return None, []
+        fabrics = sorted(inputs.fabrics, key=lambda f: f.name)
+        spec = fabrics[0]
+        notes = [f"FabricTopology {f.name} is ignored: only {spec.name} is used"
+                 for f in fabrics[1:]]
+        names = {n.name for n in fabric_nodes(spec)}
+        down = sorted(n for n in names if n not in inputs.nodes or not inputs.nodes[n].ready)
+        failures = sorted((f for f in inputs.failures if not f.spec.resolved),
+                          key=lambda f: f.name)
+        nfs = tuple(sorted(((k, v) for k, v in inputs.node_fabrics.items() if k in names),
+                           key=lambda kv: kv[0]))
+        problems = (*inputs.notes.get(spec.name, ()),
+                    *(f"NodeFabric {i.key} is ignored (the node keeps its preset): {i.message}"
+                      for i in inputs.invalid if i.kind == "NodeFabric"))
+        key = (spec, nfs, problems, tuple(failures), tuple(down))
+        if key != self._key:
+            if self._base is None or key[:3] != self._base[0]:
+                self._base = (key[:3], base_fabric(spec, dict(nfs), problems))
+                self.subs.clear()
+            self._fabric = apply_failures(self._base[1], failures, down)
+            self._key = key
+            # problems describe the inputs, not the fabric: they leave its fingerprint alone
+            self.fingerprint = digest((spec, nfs, *key[3:]))[:16]
+        return self._fabric, notes
+
+
+def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placement],
+                fabric: Fabric, *, max_buckets: int, restarts: int, timeout_seconds: float,
+                bucket_caps: Mapping[str, int] | None = None, subs: Subfabrics | None = None,
+                ) -> tuple[list[GroupPlan], dict[str, Blocked]]:
+    """The plan of every group of placed, connected tenants, and why each other job waits.
+
+    ``bucket_caps``: the fewer size buckets a job's schedule was learned to need (its files
+    did not fit in a ConfigMap); ``subs``: sub-fabrics cached from earlier rounds."""
+    subs = subs if subs is not None else Subfabrics()
+    caps = bucket_caps or {}
+    topo = fabric.topology
+    blocked: dict[str, Blocked] = {}
+    members: list[Member] = []
+    ready: dict[str, CollectiveJob] = {}
+    live: dict[str, list[RankSlot]] = {}
+    for job in jobs:
+        pl = placements[job.key]
+        hard = [p for p in pl.problems if "not scheduled" not in p and "ordered by" not in p]
+        if pl.pods == 0:
+            blocked[job.key] = ("Pending", "NoPods", "no running pod matches the selector")
+            continue
+        if hard:
+            blocked[job.key] = ("Pending", problem_reason(hard[0]), "; ".join(hard[:5]))
+            continue
+        slots = healthy_slots(pl, fabric)
+        if len(slots) < 2:
+            blocked[job.key] = ("Pending", "TooFewRanks",
+                                f"{len(slots)} healthy GPU(s) placed; a collective needs 2")
+            continue
+        tenant_npus = tuple(s.npu for s in slots)
+        why = disconnected(topo, tenant_npus, subs)
+        if why:
+            blocked[job.key] = ("Infeasible", "TenantDisconnected", why)
+            continue
+        ready[job.key] = job
+        live[job.key] = slots
+        spec = job.spec
+        members.append(Member(job.key, tenant_npus, spec.isolation == "Joint",
+                              (spec.dialect, spec.instances, spec.protocol)))
+    plans = []
+    for group in groups(topo, members):
+        group_jobs = [ready[k] for k in group.members]
+        sub, ids = subs.get(topo, [s.npu for j in group_jobs for s in live[j.key]],
+                            name=f"{topo.name}-{group.scope}")
+        tenants = [TenantRequest(j.key, tuple(ids[s.npu] for s in live[j.key]),
+                                 j.spec.collectives, j.spec.weight) for j in group_jobs]
+        first = group_jobs[0].spec
+        buckets = min([max_buckets] + [caps[j.key] for j in group_jobs if j.key in caps])
+        options = RequestOptions(first.dialect, first.instances, first.protocol, restarts,
+                                 buckets, timeout_seconds,
+                                 any(j.spec.when_nccl_faster == SHIP_ANYWAY for j in group_jobs),
+                                 gzip=True)
+        fingerprint = sub.fingerprint()
+        ranks = {j.key: [(s.pod, s.node, s.gpu) for s in live[j.key]] for j in group_jobs}
+        inputs_hash = digest({"fabric": fingerprint, "tenants": [t.__dict__ for t in tenants],
+                              "options": {f: getattr(options, f) for f in HASHED_OPTIONS},
+                              "ranks": ranks})
+        plan = GroupPlan(group, group_jobs, {k: placements[k] for k in group.members},
+                         {k: live[k] for k in group.members}, tenants, sub, inputs_hash,
+                         fingerprint, options)
+        if len(group_jobs) > 1:
+            # What each tenant gets alone, should the synthesizer refuse the joint request.
+            for j, t in zip(group_jobs, tenants, strict=True):
+                own = [s.npu for s in live[j.key]]
+                alone, own_ids = subs.get(topo, own, name=f"{topo.name}-{group.scope}-1")
+                plan.singles.append((alone, TenantRequest(
+                    t.name, tuple(own_ids[v] for v in own), t.collectives, t.weight)))
+        plans.append(plan)
+    return plans, blocked
+
+
+def disconnected(topo: Topology, npus: tuple[int, ...], subs: Subfabrics) -> str | None:
+    """Why the tenant cannot run on its own GPUs, or None. Its sub-fabric holds exactly
+    what its data may cross (its GPUs and the switches between them)."""
+    sub, ids = subs.get(topo, npus)
+    try:
+        sub.check_connected([ids[v] for v in npus], "tenant")
+    except ChoreoError as err:
+        return str(err)
+    return None
+
+
+def problem_reason(problem: str) -> str:
+    if "not in the FabricTopology" in problem:
+        return "UnknownNode"
+    if "has no GPU" in problem:
+        return "UnknownGPU"
+    if "no FabricTopology" in problem:
+        return "NoFabric"
+    if "also claimed" in problem:
+        return "GPUConflict"
+    return "PlacementProblem"

@@ -1,0 +1,299 @@
+"""A synthesized schedule into ConfigMaps, and the ConfigMaps nobody uses any more out again.
+
+ConfigMaps are content-addressed and immutable (``results``): publishing the same schedule
+twice finds it already there (409), and a pod keeps the files it started with. A schedule too
+large for one ConfigMap is split per pod; one too large even then is synthesized again with
+fewer size buckets. Old ConfigMaps are deleted only once no pod mounts them and the job's
+status no longer names them; a job's writes and deletions hold its lock, so a schedule that
+comes back is never deleted between its create and the status that names it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from kubernetes_asyncio.client import ApiException
+
+from choreo.collectives import format_size
+from choreo.service.client import bucket_xml
+from choreo_api import CollectiveJob
+from choreo_operator import metrics, results, status
+from choreo_operator.model import SHIP_ANYWAY, PodInfo
+from choreo_operator.placement import RankSlot
+from choreo_operator.planning import GroupPlan
+from choreo_operator.reporting import Api, JobState, Reporter, job_path
+
+log = logging.getLogger("choreo.operator")
+CONFIGMAP_WRITES = 8  # concurrent ConfigMap creations per published schedule
+
+
+class Publisher:
+    def __init__(self, api: Api, reporter: Reporter, pods: Callable[[], Iterable[PodInfo]],
+                 poke: Callable[[str], None], *, split_bytes: int = results.SPLIT_BYTES,
+                 retry_seconds: float = 0.5) -> None:
+        self.api = api
+        self.reporter = reporter
+        self.pods = pods  # the pods as they are now
+        self.poke = poke
+        self.split_bytes = split_bytes
+        self.retry_seconds = retry_seconds  # before publishing again after a lost status write
+
+    async def publish(self, job: CollectiveJob, plan: GroupPlan, result: Any, response: Any,
+                      reason: str, seconds: float) -> bool:
+        """Write the job's new schedule and status; False when it was refused instead."""
+        async with self.reporter.state(job).lock:
+            return await self._write(job, plan, result, response, reason, seconds)
+
+    async def _write(self, job: CollectiveJob, plan: GroupPlan, result: Any, response: Any,
+                     reason: str, seconds: float) -> bool:
+        pl = plan.placements[job.key]
+        slots = plan.slots[job.key]
+        schedule = _schedule(job, slots, result)
+        pod_ranks: dict[str, tuple[int, int]] = {}
+        for r, s in enumerate(slots):
+            lo, _ = pod_ranks.get(s.pod, (r, r))
+            pod_ranks[s.pod] = (lo, r)
+        if not schedule.verified:
+            await self.reporter.update_jobs([job], {
+                "Degraded": (True, "VerificationFailed", "; ".join(schedule.errors[:3])),
+                "Synthesizing": (False, "Done", "the new schedule failed verification")},
+                event=("Warning", "VerificationFailed"))
+            metrics.RESYNTHESES.labels(reason=reason, result="unverified").inc()
+            return False
+        # Splitting megabytes of XML per pod takes a while: keep the event loop answering.
+        name, parts, bodies = await asyncio.to_thread(
+            results.config_maps, job, schedule, pod_ranks, pl.pod_index, plan.inputs_hash,
+            plan.fingerprint, self.split_bytes)
+        too_big = results.oversized(bodies)
+        if too_big:
+            await self._too_large(job, plan, result, bodies, too_big, reason)
+            return False
+        await self._create(job, schedule, bodies, parts)
+        state = self.reporter.state(job)
+        new_maps = {name} if not parts else {p.name for p in parts}
+        first = schedule.collectives[0] if schedule.collectives else None
+        summary = first.summary() if first else ""
+        extra = {
+            "ranks": len(slots), "nodes": pl.nodes, "configMap": name,
+            "configMapParts": [{"name": p.name, "firstRank": p.first, "lastRank": p.last,
+                                "podRank": p.pod_rank} for p in parts],
+            "files": sorted(schedule.files),
+            "contentHash": schedule.content_hash(), "summary": summary,
+            "collectives": [c.status() for c in schedule.collectives],
+            "lastSynthesis": {"time": status.now(), "reason": reason,
+                              "durationSeconds": round(seconds, 3),
+                              "engine": response.engine or "greedy",
+                              "fabricFingerprint": plan.fingerprint,
+                              "inputsHash": plan.inputs_hash},
+        }
+        failed = len(pl.slots) - len(slots)
+        others = [k for k in plan.group.members if k != job.key]
+        how = ("" if not others else
+               f"; synthesized alone ({plan.alone}) though it shares links with "
+               f"{', '.join(others)}" if plan.alone else
+               f"; jointly with {', '.join(others)}")
+        left_to_nccl = [f"{c.name} {format_size(r.min_bytes)}..{format_size(r.max_bytes)}"
+                        for c in schedule.collectives for r in c.nccl_ranges]
+        nccl_note = ("" if not left_to_nccl else "; NCCL is predicted faster and runs "
+                     + ", ".join(left_to_nccl) + " (no file for those sizes)")
+        updates: dict[str, status.Update] = {
+            "Ready": (True, "Synthesized",
+                      f"schedule {name} for {len(slots)} ranks{how}{nccl_note}"),
+            "Synthesizing": (False, "Done", f"synthesized in {seconds:.2f} s"),
+            "Infeasible": (False, "Feasible", "every rank is connected"),
+            "Degraded": ((True, "DevicesFailed", f"{failed} of {len(pl.slots)} placed GPUs "
+                          "have failed; the schedule uses the others") if failed else
+                         (False, "Healthy", "the synthesizer answered")),
+        }
+        written = await self.reporter.update_jobs(
+            [job], updates, extra=extra, event=("Normal", "Synthesized"),
+            event_message=f"schedule {name} ({summary}) after {reason}")
+        if not written:
+            # The status still names the previous ConfigMaps: keep them and the new ones, and
+            # publish again (the service has the schedule cached) until the status says so.
+            state.keep |= new_maps
+            asyncio.get_running_loop().call_later(self.retry_seconds, self.poke, "retry")
+            return False
+        state.inputs_hash = plan.inputs_hash
+        state.config_map = name
+        state.keep = new_maps
+        _gauge(job, state, schedule)
+        return True
+
+    async def _too_large(self, job: CollectiveJob, plan: GroupPlan, result: Any,
+                         bodies: list[dict[str, Any]], too_big: str, reason: str) -> None:
+        used = max((len(c.buckets) for c in result.collectives), default=1)
+        if used > 1:
+            # Fewer size buckets mean fewer files per ConfigMap: try the count that fits.
+            largest = max(results.data_bytes(b) for b in bodies)
+            cap = max(1, min(used - 1, int(used * 0.9 * results.CONFIGMAP_MAX_BYTES / largest)))
+            self.reporter.state(job).bucket_cap = cap
+            metrics.RESYNTHESES.labels(reason=reason, result="too_large").inc()
+            await self.reporter.update_jobs([job], {"Synthesizing": (
+                True, "FewerSizeBuckets", f"a pod's ConfigMap would hold {largest / 2**20:.2f} "
+                f"MiB, over the 1 MiB limit; synthesizing again with {cap} size bucket(s) "
+                f"instead of {used}")}, event=("Normal", "FewerSizeBuckets"))
+            self.poke("retry")
+            return
+        # The API server would refuse it on every retry: say so once, keep what pods have.
+        self.reporter.state(job).inputs_hash = plan.inputs_hash
+        metrics.RESYNTHESES.labels(reason=reason, result="rejected").inc()
+        await self.reporter.update_jobs([job], {
+            "Degraded": (True, "ScheduleTooLarge", too_big),
+            "Synthesizing": (False, "Done", "the schedule does not fit in ConfigMaps")},
+            event=("Warning", "ScheduleTooLarge"),
+            extra={"lastSynthesis": {"time": status.now(), "reason": reason,
+                                     "inputsHash": plan.inputs_hash}})
+
+    async def _create(self, job: CollectiveJob, schedule: results.Schedule,
+                      bodies: list[dict[str, Any]], parts: list[results.Part]) -> None:
+        """Create the schedule's ConfigMaps (one that exists already is the same), and point
+        the job's alias at a whole schedule."""
+        path = f"/api/v1/namespaces/{job.namespace}/configmaps"
+        # One ConfigMap per pod for large tenants: written side by side, a few at a time.
+        writes = asyncio.Semaphore(CONFIGMAP_WRITES)
+
+        async def create(body: dict[str, Any]) -> None:
+            async with writes:
+                try:
+                    await self.api.create(path, body)
+                except ApiException as err:
+                    if err.status != 409:
+                        raise
+
+        await asyncio.gather(*(create(body) for body in bodies))
+        if parts:
+            return
+        alias = results.alias_body(job, schedule, schedule.content_hash())
+        try:
+            await self.api.create(path, alias)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            stale = {k: None for k in (*results.possible_files(job),
+                                       *results.MSCCL_OFF[job.spec.dialect])
+                     if k not in alias["data"]}
+            await self.api.merge_patch(f"{path}/{alias['metadata']['name']}",
+                                       {"data": {**stale, **alias["data"]},
+                                        "metadata": {"labels": alias["metadata"]["labels"]}})
+
+    # ---- garbage collection ------------------------------------------------------------------
+    async def collect(self, jobs: list[CollectiveJob], pods: list[PodInfo]) -> None:
+        """Delete a job's old ConfigMaps once no pod mounts them (only if mounts changed)."""
+        mounted: dict[str, set[str]] = {}
+        for pod in pods:
+            if pod.active:
+                mounted.setdefault(pod.namespace, set()).update(pod.config_maps)
+        for job in jobs:
+            state = self.reporter.state(job)
+            if not state.keep:
+                continue
+            mine = frozenset(m for m in mounted.get(job.namespace, ())
+                             if m.startswith(f"{job.name[:230]}-"))
+            if state.mounted != mine:
+                await self.gc(job, mine)
+
+    async def gc(self, job: CollectiveJob, mounted: frozenset[str] | None = None) -> None:
+        """Delete the job's ConfigMaps that nothing uses; ``mounted`` defaults to what the
+        pods mount now."""
+        if mounted is None:
+            mounted = frozenset(m for p in self.pods()
+                                if p.active and p.namespace == job.namespace
+                                for m in p.config_maps)
+        state = self.reporter.state(job)
+        async with state.lock:
+            await self._collect_unused(job, state, mounted)
+
+    async def _collect_unused(self, job: CollectiveJob, state: JobState,
+                              mounted: frozenset[str]) -> None:
+        state.mounted = mounted
+        selector = f"{results.LABEL_JOB}={job.name[:63]}"
+        try:
+            listing = await self.api.list_metadata(
+                f"/api/v1/namespaces/{job.namespace}/configmaps?labelSelector={selector}")
+            # What the job's status names right now is never garbage, whatever this replica
+            # remembers: after a takeover its index may still hold an older status.
+            named = named_config_maps(
+                await self.api.get(job_path(job.namespace, job.name, "status")))
+        except ApiException as err:
+            log.warning("listing ConfigMaps of %s: %s", job.key, err)
+            return
+        for cm in listing.get("items", []):
+            meta = cm["metadata"]
+            owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
+            name = meta["name"]
+            if (job.metadata.uid not in owners or name in state.keep or name in mounted
+                    or name in named or name == results.alias_name(job.name)):
+                continue
+            try:
+                await self.api.delete(f"/api/v1/namespaces/{job.namespace}/configmaps/{name}")
+            except ApiException as err:
+                if err.status != 404:
+                    log.warning("deleting ConfigMap %s: %s", name, err)
+
+
+def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any) -> results.Schedule:
+    """The tenant's part of a synthesizer response as files, ranks and predictions."""
+    schedule = results.Schedule(files={}, dialect=job.spec.dialect, ranks=[
+        {"rank": r, "pod": s.pod, "node": s.node, "gpu": s.gpu} for r, s in enumerate(slots)])
+    ship_anyway = job.spec.when_nccl_faster == SHIP_ANYWAY
+    for spec, coll in zip(job.spec.collectives, result.collectives, strict=True):
+        best = None
+        sizes: dict[tuple[int, int], results.SizeRange] = {}
+        for b, bucket in enumerate(coll.buckets):
+            p = bucket.prediction
+            to_nccl = results.nccl_runs(bucket, ship_anyway)
+            sizes.setdefault((bucket.min_bytes, bucket.max_bytes), results.SizeRange(
+                int(bucket.min_bytes), int(bucket.max_bytes), to_nccl,
+                p.speedup_vs_nccl if p.nccl_choice else None))
+            if not to_nccl:
+                schedule.files[results.xml_key(spec.name, b)] = bucket_xml(bucket)
+            if not bucket.verification.ok:
+                schedule.verified = False
+                schedule.errors.extend(bucket.verification.errors)
+            if best is None or bucket.max_bytes >= best.max_bytes:
+                best = bucket
+        if best is not None:
+            p = best.prediction
+            schedule.collectives.append(results.CollectiveResult(
+                spec.name, int(best.representative_bytes), p.time_seconds,
+                p.busbw_bytes_per_second, p.lower_bound_seconds, p.fraction_of_bound,
+                p.nccl_time_seconds if p.nccl_choice else None, p.nccl_choice,
+                tuple(sorted(sizes.values(), key=lambda r: r.min_bytes))))
+    return schedule
+
+
+def _gauge(job: CollectiveJob, state: JobState, schedule: results.Schedule) -> None:
+    """Set the tenant's predicted-performance series to the published schedule's."""
+    gone = [c for c in state.gauged if c not in {x.name for x in schedule.collectives}]
+    metrics.forget_tenant(job.namespace, job.name, gone)
+    state.gauged = tuple(c.name for c in schedule.collectives)
+    for c in schedule.collectives:
+        labels = (job.namespace, job.name, c.name)
+        metrics.BUSBW.labels(*labels).set(c.busbw)
+        metrics.BOUND.labels(*labels).set(c.fraction_of_bound)
+        if c.speedup_vs_nccl is not None:
+            metrics.VS_NCCL.labels(*labels).set(c.speedup_vs_nccl)
+        for runs in (metrics.RUNS_CHOREO, metrics.RUNS_NCCL):
+            metrics.RANGES.labels(*labels, runs).set(
+                sum(r.nccl_runs == (runs == metrics.RUNS_NCCL) for r in c.sizes))
+
+
+def named_config_maps(job: Mapping[str, Any]) -> set[str]:
+    """The ConfigMaps a CollectiveJob's status names (its schedule's, whole or in parts)."""
+    st = job.get("status") or {}
+    parts = {p.get("name") for p in st.get("configMapParts") or () if isinstance(p, dict)}
+    return {n for n in parts | {st.get("configMap")} if isinstance(n, str) and n}
+
+
+def release_memory() -> None:
+    """Hand freed heap back to the OS. Publishing inflates tens of megabytes of XML, partly in
+    worker threads, and glibc keeps such memory in its arenas; without this the operator's
+    resident size stays near its largest publication's peak."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
