@@ -12,12 +12,15 @@ import logging
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from types import FrameType
 
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from choreo.settings import SettingsError, from_arguments
 from choreo_agents.backends import Backend, BackendError
-from choreo_agents.kube import ApiError, KubeApi, KubeConfigError
+from choreo_agents.config import AgentConfig
+from choreo_api.kube import CALL_ERRORS, ConfigException, Kube, message
 
 log = logging.getLogger("choreo_agents")
 
@@ -28,7 +31,12 @@ class UsageError(Exception):
     """A problem with the command line or its input files."""
 
 
-def run(args: argparse.Namespace) -> int:
+def run(namespace: argparse.Namespace) -> int:
+    try:
+        args = from_arguments(AgentConfig, namespace)
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format=f"%(asctime)s %(levelname)s agent[{args.node or '?'}] %(message)s",
@@ -41,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: AgentConfig) -> int:
     from choreo_agents.agent import Agent, Settings
     from choreo_agents.metrics import AgentMetrics, MetricsServer
     from choreo_agents.publisher import Publisher
@@ -49,8 +57,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.node:
         raise UsageError("--node is required (or set NODE_NAME, e.g. from spec.nodeName)")
-    _check_numbers(args)
-    api = None if args.no_api else _api(args.kubeconfig)
+    api = _api(args.kubeconfig) if args.api else None
     backend = _backend(args, api)
     settings = Settings(
         node=args.node,
@@ -111,27 +118,14 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-    checks = [
-        ("--interval", args.interval > 0), ("--poll", args.poll > 0),
-        ("--stagger", args.stagger >= 0), ("--noise", 0 <= args.noise < 1),
-        ("--fail-after", args.fail_after >= 1), ("--recover-after", args.recover_after >= 0),
-        ("--change-threshold", 0 <= args.change_threshold < 1),
-        ("--duration", args.duration is None or args.duration > 0),
-    ]  # fmt: skip
-    for flag, ok in checks:
-        if not ok:
-            raise UsageError(f"{flag}: out of range (see --help)")
-
-
-def _api(kubeconfig: str | None) -> KubeApi:
+def _api(kubeconfig: str | None) -> Kube:
     try:
-        return KubeApi.from_environment(kubeconfig)
-    except KubeConfigError as exc:
+        return Kube.from_environment(kubeconfig)
+    except ConfigException as exc:
         raise UsageError(f"{exc} (or pass --no-api)") from exc
 
 
-def _backend(args: argparse.Namespace, api: KubeApi | None) -> Backend:
+def _backend(args: AgentConfig, api: Kube | None) -> Backend:
     from choreo_agents.backends.nvml import NvmlBackend, driver_present
 
     kind = args.backend
@@ -150,7 +144,7 @@ def _backend(args: argparse.Namespace, api: KubeApi | None) -> Backend:
     return _sim_backend(args, api)
 
 
-def _sim_backend(args: argparse.Namespace, api: KubeApi | None) -> Backend:
+def _sim_backend(args: AgentConfig, api: Kube | None) -> Backend:
     from choreo.errors import ChoreoError
     from choreo.topofile import load_topology
     from choreo_agents.backends.script import ScriptError, load_script
@@ -167,10 +161,11 @@ def _sim_backend(args: argparse.Namespace, api: KubeApi | None) -> Backend:
         script = load_script(args.script) if args.script else None
     except ScriptError as exc:
         raise UsageError(str(exc)) from exc
-    where: str | int = args.fabric_node or args.node
+    node = str(args.node)  # required: checked before the backend is built
+    where: str | int = args.fabric_node or node
     prefixes = [m.prefix for m in machines(topo)]
-    if args.fabric_node is None and len(prefixes) > 1 and args.node not in prefixes:
-        where = _fabric_position(api, args.node)
+    if args.fabric_node is None and len(prefixes) > 1 and node not in prefixes:
+        where = _fabric_position(api, node)
     try:
         return SimBackend(topo, where, noise=args.noise, script=script, seed=args.seed,
                           script_path=args.script)
@@ -178,19 +173,18 @@ def _sim_backend(args: argparse.Namespace, api: KubeApi | None) -> Backend:
         raise UsageError(str(exc)) from exc
 
 
-def _fabric_position(api: KubeApi | None, node: str) -> int:
+def _fabric_position(api: Kube | None, node: str) -> int:
     """The Node's position label, for a fabric whose machine names differ from node names."""
     if api is None:
         raise UsageError(f"node {node} is not a machine of the fabric; pass --fabric-node")
-    deadline = time.monotonic() + 15.0
-    while True:
-        try:
-            labels = api.get(f"/api/v1/nodes/{node}")["metadata"].get("labels") or {}
-            break
-        except (ApiError, OSError) as exc:
-            if time.monotonic() > deadline:
-                raise UsageError(f"cannot read Node {node} for its fabric position: {exc}") from exc
-            time.sleep(1.0)
+    reading = Retrying(retry=retry_if_exception_type(CALL_ERRORS), stop=stop_after_delay(15.0),
+                       wait=wait_fixed(1.0), reraise=True)
+    try:
+        node_obj = reading(api.get, f"/api/v1/nodes/{node}")
+    except CALL_ERRORS as exc:
+        raise UsageError(
+            f"cannot read Node {node} for its fabric position: {message(exc)}") from exc
+    labels = node_obj["metadata"].get("labels") or {}
     value = labels.get(FABRIC_INDEX_LABEL)
     if value is None or not value.isdigit():
         raise UsageError(

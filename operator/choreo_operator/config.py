@@ -1,30 +1,53 @@
-"""The operator's settings, from command-line flags."""
+"""The operator's settings: each one's flag, ``CHOREO_OPERATOR_*`` variable, default and help."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import socket
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-@dataclass(frozen=True)
-class Config:
-    synthesizer: str = "127.0.0.1:50051"
-    synthesizer_ca: str | None = None
-    kubeconfig: str | None = None
-    metrics_port: int = 9464
-    metrics_addr: str = "127.0.0.1"
-    webhook_port: int = 9443
-    webhook_addr: str = "127.0.0.1"
-    webhook_host: str | None = None
-    webhook_cert_dir: str = "/tmp/choreo-operator-certs"
-    webhook_config: str = "choreo-operator"
-    quiet_seconds: float = 0.1
-    max_delay_seconds: float = 2.0
-    timeout_seconds: float = 60.0
-    restarts: int = 2
-    max_buckets: int = 4
-    split_bytes: int = 900 * 1024
-    liveness: str | None = None
-    leader_election: bool = True
-    lease_namespace: str = "default"
-    lease_name: str = "choreo-operator"
-    identity: str = ""  # this replica's name in the Lease (the pod's name)
+class Config(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CHOREO_OPERATOR_", frozen=True,
+                                      extra="forbid")
+
+    synthesizer: str = Field("127.0.0.1:50051", description="address of `choreo serve`")
+    synthesizer_ca: str | None = Field(None, description="CA (PEM) of the synthesizer; "
+                                       "enables TLS")
+    kubeconfig: str | None = Field(None, description="kubeconfig file (else $KUBECONFIG, "
+                                   "else in-cluster)")
+    metrics_port: int = Field(9464, ge=-1, description="Prometheus /metrics port; -1 off, "
+                              "0 a free one")
+    metrics_addr: str = Field("127.0.0.1", description="address /metrics binds")
+    webhook_port: int = Field(9443, ge=0, description="admission webhook HTTPS port; 0 off")
+    webhook_addr: str = Field("127.0.0.1", description="address the webhook binds")
+    webhook_host: str | None = Field(None, description="host name the API server dials "
+                                     "(else the address)")
+    webhook_cert_dir: str = Field("/tmp/choreo-operator-certs", description="tls.crt, "
+                                  "tls.key and ca.crt to serve with; generated if absent")
+    webhook_config: str = Field("choreo-operator", description="MutatingWebhookConfiguration "
+                                "to point at this webhook ('' leaves it)")
+    debounce: float = Field(0.1, gt=0, description="seconds without new events before a "
+                            "round starts")
+    max_delay: float = Field(2.0, gt=0, description="longest a burst may postpone a round "
+                             "(seconds)")
+    timeout: float = Field(60.0, gt=0, description="deadline of one synthesis call (seconds)")
+    restarts: int = Field(2, ge=0, description="randomized restarts per synthesis")
+    max_buckets: int = Field(4, ge=1, description="size buckets per collective")
+    split_bytes: int = Field(900 * 1024, gt=0, description="split a schedule into per-pod "
+                             "ConfigMaps above this size")
+    liveness: str | None = Field(None, description="kopf liveness endpoint, e.g. "
+                                 "http://127.0.0.1:8080/healthz")
+    leader_election: bool = Field(True, description="one of several replicas: only the "
+                                  "holder of a Lease reconciles")
+    lease_namespace: str = Field(
+        default_factory=lambda: os.environ.get("POD_NAMESPACE", "default"),
+        description="namespace of the Lease (else $POD_NAMESPACE, else default)")
+    lease_name: str = Field("choreo-operator", description="name of the Lease")
+    identity: str = Field(
+        default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname(),
+        description="this replica's name in the Lease, unique per replica (else $POD_NAME, "
+        "else the host name); a restart under the same name takes its Lease back at once")
+    log_level: str = Field("INFO", description="logging level")

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import kopf
+from kubernetes_asyncio.config import ConfigException
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from choreo_api import GROUP, VERSION, CollectiveJob, DeviceFailure, FabricTopology, NodeFabricSpec
 from choreo_operator import certs, metrics, model, sources, webhook
 from choreo_operator.config import Config
-from choreo_operator.kube import Kube
+from choreo_operator.kube import CALL_ERRORS, Kube, connection_info, load_configuration
 from choreo_operator.leader import Election, Elector
 from choreo_operator.reconciler import Inputs, Reconciler, Settings
 from choreo_operator.synthclient import SynthesizerClient
@@ -31,45 +32,14 @@ registry = kopf.OperatorRegistry()
 G, V = GROUP, VERSION
 
 
-class LazyApi:
-    """The REST client, available once kopf has logged in."""
-
-    def __init__(self) -> None:
-        self.kube: Kube | None = None
-        self.ready = asyncio.Event()
-
-    async def _api(self) -> Kube:
-        await self.ready.wait()
-        assert self.kube is not None
-        return self.kube
-
-    async def get(self, path: str) -> Any:
-        return await (await self._api()).get(path)
-
-    async def list_metadata(self, path: str) -> Any:
-        return await (await self._api()).list_metadata(path)
-
-    async def create(self, path: str, body: dict[str, Any]) -> Any:
-        return await (await self._api()).create(path, body)
-
-    async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
-        return await (await self._api()).merge_patch(path, patch)
-
-    async def replace(self, path: str, body: dict[str, Any]) -> Any:
-        return await (await self._api()).replace(path, body)
-
-    async def delete(self, path: str) -> Any:
-        return await (await self._api()).delete(path)
-
-
 class Runtime:
     """Per-process state handed to handlers through kopf's memo."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.api = LazyApi()
+        self.api = Kube()
         # Lease renewals on their own connections: never queued behind bulk ConfigMap writes.
-        self.lease_api = LazyApi()
+        self.lease_api = Kube(pool=2)
         self.indices: Any = None
         self.seen: dict[tuple[str, str], int] = {}
         self.synth = SynthesizerClient(
@@ -93,8 +63,8 @@ class Runtime:
         """A reconciler with nothing in memory: it learns each job's state from its status."""
         config = self.config
         return Reconciler(self.read, self.api, self.synth, Settings(
-            quiet_seconds=config.quiet_seconds, max_delay_seconds=config.max_delay_seconds,
-            call_timeout_seconds=config.timeout_seconds, restarts=config.restarts,
+            quiet_seconds=config.debounce, max_delay_seconds=config.max_delay,
+            call_timeout_seconds=config.timeout, restarts=config.restarts,
             max_buckets=config.max_buckets, split_bytes=config.split_bytes))
 
     def _values(self, name: str) -> Iterator[Any]:
@@ -146,19 +116,18 @@ def _rt(memo: Any) -> Runtime:
 
 
 @kopf.on.login(registry=registry)
-def login(memo: kopf.Memo, **kwargs: Any) -> kopf.ConnectionInfo | None:
+async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo | None:
+    """One set of credentials for kopf's watches and choreo's writes, reloaded on every login
+    (kopf logs in again after a 401, e.g. once a rotated token has replaced the old one)."""
     rt = _rt(memo)
-    if rt.config.kubeconfig or os.environ.get("KUBECONFIG"):
-        if rt.config.kubeconfig:
-            os.environ["KUBECONFIG"] = rt.config.kubeconfig
-        info = kopf.login_with_kubeconfig(**kwargs)
-    else:
-        info = kopf.login_with_service_account(**kwargs)
-    for lazy in (rt.api, rt.lease_api):
-        if info is not None and lazy.kube is None:
-            lazy.kube = Kube(info)
-            lazy.ready.set()
-    return info
+    try:
+        cfg = await load_configuration(rt.config.kubeconfig)
+    except ConfigException as err:
+        log.error("no Kubernetes credentials: %s", err)
+        return None
+    for api in (rt.api, rt.lease_api):
+        await api.login(cfg)
+    return await connection_info(cfg)
 
 
 @kopf.on.startup(registry=registry)
@@ -235,15 +204,20 @@ async def _register_webhook(rt: Runtime) -> None:
     cfg = rt.config
     host = cfg.webhook_host or cfg.webhook_addr
     url = f"https://{host}:{cfg.webhook_port}/inject"
-    for attempt in range(30):
-        try:
-            await webhook.point_at(rt.api, cfg.webhook_config, url, rt.webhook_ca)
-            log.info("MutatingWebhookConfiguration %s points at %s", cfg.webhook_config, url)
-            return
-        except Exception as err:  # the API may not be reachable yet; never fatal
-            log.warning("configuring webhook %s (attempt %d): %s", cfg.webhook_config,
-                        attempt + 1, err)
-            await asyncio.sleep(min(2.0 ** attempt, 10.0))
+    retrying = AsyncRetrying(  # the API may not be reachable yet; never fatal
+        retry=retry_if_exception_type(CALL_ERRORS), stop=stop_after_attempt(30),
+        wait=wait_exponential(multiplier=1.0, max=10.0), reraise=True,
+        before_sleep=lambda state: log.warning(
+            "configuring webhook %s (attempt %d): %s", cfg.webhook_config,
+            state.attempt_number, state.outcome.exception() if state.outcome else None))
+    try:
+        async for attempt in retrying:
+            with attempt:
+                await webhook.point_at(rt.api, cfg.webhook_config, url, rt.webhook_ca)
+    except CALL_ERRORS as err:
+        log.error("gave up configuring webhook %s: %s", cfg.webhook_config, err)
+        return
+    log.info("MutatingWebhookConfiguration %s points at %s", cfg.webhook_config, url)
 
 
 @kopf.on.cleanup(registry=registry)
@@ -257,9 +231,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if rt.elector is not None and rt.elector.leading:
         await rt.elector.release()  # nothing is written after this: a standby may lead now
     await rt.synth.close()
-    for lazy in (rt.api, rt.lease_api):
-        if lazy.kube is not None:
-            await lazy.kube.close()
+    for api in (rt.api, rt.lease_api):
+        await api.close()
 
 
 # ---- indexes ---------------------------------------------------------------------------------

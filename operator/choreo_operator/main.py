@@ -11,10 +11,10 @@ import kopf
 from choreo_operator.config import Config
 
 
-def run(config: Config, log_level: str = "INFO") -> int:
+def run(config: Config) -> int:
     from choreo_operator.handlers import Runtime, enable_webhook, registry
 
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+    logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.INFO),
                         stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)

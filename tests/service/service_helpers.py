@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -72,10 +73,9 @@ class Running:
 
 
 def start_server(**overrides: object) -> Running:
-    cfg = ServerConfig(host="127.0.0.1", port=free_port(), metrics_port=0,
-                       warmup_topology="ring-8", grace_seconds=5.0)
-    for name, value in overrides.items():
-        setattr(cfg, name, value)
+    settings: dict[str, Any] = {"host": "127.0.0.1", "port": free_port(), "metrics_port": 0,
+                                "warmup_topology": "ring-8", "grace": 5.0}
+    cfg = ServerConfig(**{**settings, **overrides})
     server = SynthesizerServer(cfg)
     port = server.start()
     assert server.pool.wait_ready(60), "workers did not warm up"

@@ -19,8 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
+from choreo.service.server import ServerConfig
+from choreo.settings import from_arguments
 from choreo_dev import build
 from choreo_dev.versions import binary
+from choreo_operator.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/choreo"
@@ -225,12 +228,12 @@ def test_container_args_parse_with_the_real_command_lines(helm: Path) -> None:
                         f"{' '.join(container['args'])}` does not parse")
         seen[container["args"][0]] = args
     assert set(seen) == {"operator", "serve", "agent"}
-    assert (seen["operator"].synthesizer
-            == "dns:///rel-choreo-synthesizer-headless.choreo-system.svc:50051")
-    assert seen["operator"].leader_election
-    assert seen["operator"].webhook_config == ""
-    assert seen["operator"].metrics_addr == "0.0.0.0"
-    assert seen["serve"].metrics_port == 9090
+    operator = from_arguments(Config, seen["operator"])
+    assert operator.synthesizer == "dns:///rel-choreo-synthesizer-headless.choreo-system.svc:50051"
+    assert operator.leader_election
+    assert operator.webhook_config == ""
+    assert operator.metrics_addr == "0.0.0.0"
+    assert from_arguments(ServerConfig, seen["serve"]).metrics_port == 9090
     assert seen["agent"].metrics_port == 9464
     assert seen["agent"].backend == "auto"
 

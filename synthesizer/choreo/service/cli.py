@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,28 +27,10 @@ def register(sub: Any) -> None:
     """Add ``serve`` to ``sub``, and to its ``synthesize`` command the remote flags and the
     dispatch of ``--remote`` to the service (a ``choreo.commands`` entry point)."""
     p = sub.add_parser("serve", help="run the gRPC synthesizer service")
-    p.add_argument("--host", default="[::]", help="address to listen on (default all)")
-    p.add_argument("--port", type=int, default=50051)
-    p.add_argument("--metrics-port", type=int, default=9090,
-                   help="Prometheus /metrics port; -1 turns the endpoint off")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                   help="synthesis processes (default: one per CPU)")
-    p.add_argument("--queue", type=int, default=16,
-                   help="requests that may wait for a worker before RESOURCE_EXHAUSTED")
-    p.add_argument("--cache-mib", type=int, default=256, help="result cache size in MiB")
-    p.add_argument("--grace", type=float, default=30.0,
-                   help="seconds requests in flight may take to finish after SIGTERM")
-    p.add_argument("--tls-cert", help="server certificate (PEM); with --tls-key enables TLS")
-    p.add_argument("--tls-key", help="server private key (PEM)")
-    p.add_argument("--tls-client-ca", help="CA (PEM) that client certificates must chain to "
-                   "(mutual TLS)")
-    p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
-    p.add_argument("--warmup-topology", default="3d-rfs-16",
-                   help="built-in topology each worker solves once before the server reports "
-                   "SERVING ('' to skip)")
-    p.add_argument("--worker-nice", type=int, default=10,
-                   help="CPU niceness of the worker processes, so cache hits and health checks "
-                   "win the CPU over solving (0 to keep the server's)")
+    from choreo.service.server import ServerConfig
+    from choreo.settings import add_arguments
+
+    add_arguments(p, ServerConfig)
     p.set_defaults(func=cmd_serve)
 
     synth = sub.choices.get("synthesize")
@@ -73,24 +54,18 @@ def register(sub: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from choreo.service.server import ServerConfig, SynthesizerServer
+    from choreo.settings import SettingsError, from_arguments
 
-    for flag, value, least in (("--workers", args.workers, 1), ("--queue", args.queue, 0),
-                               ("--cache-mib", args.cache_mib, 0)):
-        if value < least:
-            raise InputError(f"{flag}: must be at least {least}, got {value}")
+    try:
+        cfg = from_arguments(ServerConfig, args)
+    except SettingsError as err:
+        raise InputError(str(err)) from None
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = ServerConfig(
-        host=args.host, port=args.port,
-        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-        workers=args.workers, queue=args.queue, cache_bytes=args.cache_mib << 20,
-        grace_seconds=args.grace, tls_cert=args.tls_cert, tls_key=args.tls_key,
-        tls_client_ca=args.tls_client_ca, reflection=args.reflection,
-        warmup_topology=args.warmup_topology, worker_nice=max(0, args.worker_nice))
     server = SynthesizerServer(cfg)
     server.install_signal_handlers()
     port = server.start()
-    print(f"choreo synthesizer listening on {args.host}:{port}", file=sys.stderr, flush=True)
+    print(f"choreo synthesizer listening on {cfg.host}:{port}", file=sys.stderr, flush=True)
     server.wait()
     return 0
 

@@ -12,16 +12,18 @@ Life cycle, as a Deployment behind a Service sees it:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from choreo.errors import InputError
 from choreo.service.api import MAX_MESSAGE_BYTES, SERVICE
@@ -35,22 +37,35 @@ log = logging.getLogger("choreo.service")
 SWITCH_INTERVAL = 0.0005  # seconds
 
 
-@dataclass
-class ServerConfig:
-    host: str = "[::]"
-    port: int = 50051
-    metrics_port: int | None = 9090  # None: no metrics endpoint
-    workers: int = 2
-    queue: int = 16
-    cache_bytes: int = 256 << 20
-    grace_seconds: float = 30.0
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None  # given: clients must present a certificate it signed
-    reflection: bool = False
-    warmup_topology: str = "3d-rfs-16"
-    worker_nice: int = 10  # workers yield the CPU to the serving process
-    max_message_bytes: int = MAX_MESSAGE_BYTES
+class ServerConfig(BaseSettings):
+    """``choreo serve``'s settings: each one's flag, ``CHOREO_SERVE_*`` variable and default."""
+
+    model_config = SettingsConfigDict(env_prefix="CHOREO_SERVE_", frozen=True, extra="forbid")
+
+    host: str = Field("[::]", description="address to listen on ([::]: all)")
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: a free one)")
+    metrics_port: int = Field(9090, ge=-1, le=65535, description="Prometheus /metrics port; "
+                              "-1 turns the endpoint off")
+    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1,
+                         description="synthesis processes (default: one per CPU)")
+    queue: int = Field(16, ge=0, description="requests that may wait for a worker before "
+                       "RESOURCE_EXHAUSTED")
+    cache_mib: int = Field(256, ge=0, description="result cache size in MiB")
+    grace: float = Field(30.0, ge=0, description="seconds requests in flight may take to "
+                         "finish after SIGTERM")
+    tls_cert: str | None = Field(None, description="server certificate (PEM); with --tls-key "
+                                 "enables TLS")
+    tls_key: str | None = Field(None, description="server private key (PEM)")
+    tls_client_ca: str | None = Field(None, description="CA (PEM) that client certificates "
+                                      "must chain to (mutual TLS)")
+    reflection: bool = Field(False, description="enable gRPC server reflection")
+    warmup_topology: str = Field("3d-rfs-16", description="built-in topology each worker "
+                                 "solves once before the server reports SERVING ('' skips)")
+    worker_nice: int = Field(10, ge=0, description="CPU niceness of the worker processes, so "
+                             "cache hits and health checks win the CPU over solving (0 keeps "
+                             "the server's)")
+    max_message_bytes: int = Field(MAX_MESSAGE_BYTES, gt=0, description="largest gRPC "
+                                   "message sent or received")
 
 
 def server_credentials(cfg: ServerConfig) -> grpc.ServerCredentials | None:
@@ -79,7 +94,7 @@ class SynthesizerServer:
         self.pool = WorkerPool(cfg.workers, cfg.queue, cfg.warmup_topology, PoolStats(
             queue_depth=self.metrics.queue_depth.set, busy=self.metrics.busy.set,
             duration=self.metrics.duration.observe), nice=cfg.worker_nice)
-        self.servicer = Synthesizer(self.pool, ResultCache(cfg.cache_bytes), self.metrics)
+        self.servicer = Synthesizer(self.pool, ResultCache(cfg.cache_mib << 20), self.metrics)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         options = [
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -121,7 +136,7 @@ class SynthesizerServer:
                          else self.grpc.add_insecure_port(address))
         except RuntimeError as err:
             raise InputError(f"--port: cannot listen on {address}: {err}") from None
-        if self.cfg.metrics_port is not None:
+        if self.cfg.metrics_port >= 0:
             host = "127.0.0.1" if self.cfg.host in ("127.0.0.1", "localhost") else "0.0.0.0"
             self.metrics_port = self.metrics.serve(self.cfg.metrics_port, host)
         self.grpc.start()
@@ -148,7 +163,7 @@ class SynthesizerServer:
         with self._stopping:
             if self._stopped.is_set():
                 return
-            grace = self.cfg.grace_seconds if grace is None else grace
+            grace = self.cfg.grace if grace is None else grace
             self.servicer.draining = True
             self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
             log.info("draining: up to %.0f s for requests in flight", grace)
