@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 
 from kubernetes import client, config
 from kubernetes.client import ApiException
 from kubernetes.config import ConfigException
+from kubernetes.config.incluster_config import InClusterConfigLoader
 from kubernetes.watch.watch import iter_resp_lines
 from urllib3.exceptions import HTTPError
 
@@ -27,6 +28,7 @@ __all__ = ["CALL_ERRORS", "ApiException", "ConfigException", "Kube", "message"]
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 CALL_ERRORS = (ApiException, HTTPError, OSError)
 """What a call fails with when the API server refuses it or cannot be reached."""
@@ -51,18 +53,22 @@ class Kube:
         self.api = api
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None) -> Self:
-        """``kubeconfig``, else ``$KUBECONFIG``, else the in-cluster ServiceAccount.
+    def from_environment(cls, kubeconfig: str | None = None, account: Path = SERVICE_ACCOUNT,
+                         environ: Mapping[str, str] = os.environ) -> Self:
+        """``kubeconfig``, else ``$KUBECONFIG``, else the ServiceAccount mounted at ``account``
+        (its token is read again a minute after it was last read, so a rotation is seen).
 
         Raises :class:`ConfigException` when none of them gives credentials.
         """
         cfg = client.Configuration()
-        path = kubeconfig or os.environ.get("KUBECONFIG")
+        path = kubeconfig or environ.get("KUBECONFIG")
         if path:
             config.load_kube_config(config_file=path, client_configuration=cfg,
                                     persist_config=False)
         else:
-            config.load_incluster_config(client_configuration=cfg)
+            InClusterConfigLoader(token_filename=str(account / "token"),
+                                  cert_filename=str(account / "ca.crt"),
+                                  try_refresh_token=True, environ=environ).load_and_set(cfg)
         return cls(client.ApiClient(cfg))
 
     @classmethod

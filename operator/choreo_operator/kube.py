@@ -17,31 +17,39 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import kopf
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import ApiException
+from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
 __all__ = ["CALL_ERRORS", "ApiException", "Kube", "connection_info", "load_configuration"]
 
 JSON = "application/json"
 MERGE = "application/merge-patch+json"
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 CALL_ERRORS = (ApiException, aiohttp.ClientError, TimeoutError)
 """What a call fails with when the API server refuses it or cannot be reached."""
 
 
-async def load_configuration(kubeconfig: str | None) -> client.Configuration:
-    """``kubeconfig``, else ``$KUBECONFIG``, else the in-cluster ServiceAccount."""
+async def load_configuration(kubeconfig: str | None, account: Path = SERVICE_ACCOUNT,
+                             environ: Mapping[str, str] = os.environ) -> client.Configuration:
+    """``kubeconfig``, else ``$KUBECONFIG``, else the ServiceAccount mounted at ``account``
+    (its token is read again a minute after it was last read, so a rotation is seen)."""
     cfg = client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG")
+    path = kubeconfig or environ.get("KUBECONFIG")
     if path:
         await config.load_kube_config(config_file=path, client_configuration=cfg,
                                       persist_config=False)
     else:
-        config.load_incluster_config(client_configuration=cfg)
+        InClusterConfigLoader(token_filename=str(account / "token"),
+                              cert_filename=str(account / "ca.crt"), try_refresh_token=True,
+                              environ=dict(environ)).load_and_set(cfg)
     return cfg
 
 
@@ -53,6 +61,8 @@ async def connection_info(cfg: client.Configuration) -> kopf.ConnectionInfo:
         scheme, _, token = str(auth["value"]).partition(" ")
         if not token:
             scheme, token = "Bearer", scheme
+        elif scheme.lower() == "bearer":
+            scheme = "Bearer"
     return kopf.ConnectionInfo(
         server=str(cfg.host), ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
         scheme=scheme, token=token, certificate_path=cfg.cert_file,
