@@ -1,0 +1,57 @@
+"""Credentials through the official clients' loaders: every path of ``$KUBECONFIG`` counts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from choreo_api.kube import ConfigException, Kube
+from choreo_operator import kube as operator_kube
+
+SERVER = "https://127.0.0.1:6443"
+
+
+def split_kubeconfig(tmp_path: Path) -> str:
+    """The cluster and context in one file, the user in another: a merge needs both."""
+    first, second = tmp_path / "cluster.yaml", tmp_path / "user.yaml"
+    first.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "ctx",
+        "clusters": [{"name": "c", "cluster": {"server": SERVER,
+                                               "insecure-skip-tls-verify": True}}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}]}))
+    second.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "users": [{"name": "u", "user": {"token": "from-the-second-file"}}]}))
+    return f"{first}{os.pathsep}{second}"
+
+
+def test_agent_client_merges_every_kubeconfig_path(tmp_path: Path) -> None:
+    kube = Kube.from_environment(environ={"KUBECONFIG": split_kubeconfig(tmp_path)})
+    try:
+        cfg = kube.api.configuration
+        assert cfg.host == SERVER
+        assert cfg.auth_settings()["BearerToken"]["value"] == "Bearer from-the-second-file"
+    finally:
+        kube.close()
+
+
+def test_operator_client_merges_every_kubeconfig_path(tmp_path: Path) -> None:
+    async def load() -> tuple[str, str | None]:
+        cfg = await operator_kube.load_configuration(
+            None, environ={"KUBECONFIG": split_kubeconfig(tmp_path)})
+        info = await operator_kube.connection_info(cfg)
+        return info.server, info.token
+
+    assert asyncio.run(load()) == (SERVER, "from-the-second-file")
+
+
+def test_a_kubeconfig_without_the_user_is_an_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config",
+                                      "current-context": "nowhere"}))
+    with pytest.raises(ConfigException):
+        Kube.from_environment(environ={"KUBECONFIG": str(broken)})
