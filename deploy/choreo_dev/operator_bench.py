@@ -27,16 +27,10 @@ from rich.console import Console
 
 from choreo.benchtable import Row, exit_code, print_rows
 from choreo_dev import operator_testing as T
+from choreo_dev import procs
 
 GROUP = "/apis/choreo.dev/v1alpha1"
 console = Console(highlight=False)
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _wait(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -211,7 +205,7 @@ def run(nodes: int, tenants: int, reps: int, keep: Path | None,
                        interval=2.0)
         counts = {p: list(phases.values()).count(p) for p in sorted(set(phases.values()))}
         console.print(f"tenants settled after {time.monotonic() - start:.0f} s: {counts}")
-        rss = rss_mib(operator.pid)
+        rss = procs.rss_bytes(operator.pid) / 2**20
         rss_target = 500 if nodes <= 1000 else 1024
 
         small = bench.latency_row("t0", layout["t0"], reps, 120, 1.0)

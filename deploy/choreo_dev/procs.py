@@ -1,7 +1,7 @@
 """Starting components as background processes and stopping exactly those, by PID.
 
 A PID alone can be reused by the kernel after a process dies, so each record also keeps
-the process start time from /proc; a stop only signals a PID whose start time matches,
+the process's start time (psutil); a stop only signals a PID whose start time matches,
 which makes ``down`` safe even days after ``up``.
 """
 
@@ -17,46 +17,40 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
+from choreo_dev.errors import DevClusterError
+
 STOP_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
 class ProcRecord:
-    """Identity of a started process: name, PID, and the kernel's start time of that PID."""
+    """Identity of a started process: name, PID, and the start time of that PID."""
 
     name: str
     pid: int
-    start_ticks: int
+    started_at: float
     argv: tuple[str, ...]
     log: str
 
 
-def start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or ``None`` if it does not exist."""
+def started_at(pid: int) -> float | None:
+    """When ``pid`` started (seconds since the epoch), or ``None`` if it does not exist."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
         return None
-    # The command name (field 2) may contain spaces; fields after it are space separated.
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return int(fields[19])
-
-
-def proc_state(pid: int) -> str | None:
-    """Single-letter process state (``R``, ``S``, ``Z``...) or ``None`` if gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    return raw[raw.rfind(")") + 2 :].split()[0]
 
 
 def is_alive(record: ProcRecord) -> bool:
     """The recorded process still runs (and is not a zombie or a reused PID)."""
-    state = proc_state(record.pid)
-    if state is None or state in ("Z", "X"):
+    try:
+        proc = psutil.Process(record.pid)
+        return (proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+                and proc.create_time() == record.started_at)
+    except psutil.Error:
         return False
-    return start_ticks(record.pid) == record.start_ticks
 
 
 def record_path(run_dir: Path, name: str) -> Path:
@@ -84,8 +78,7 @@ def start(name: str, argv: Sequence[str], log_path: Path, run_dir: Path,
             env={**os.environ, **env} if env else None,
             cwd=cwd,
         )
-    ticks = start_ticks(proc.pid) or 0
-    rec = ProcRecord(name, proc.pid, ticks, tuple(argv), str(log_path))
+    rec = ProcRecord(name, proc.pid, started_at(proc.pid) or 0.0, tuple(argv), str(log_path))
     record_path(run_dir, name).write_text(json.dumps(asdict(rec), indent=2))
     return proc
 
@@ -96,10 +89,13 @@ def read(run_dir: Path, name: str) -> ProcRecord | None:
         data = json.loads(record_path(run_dir, name).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+    if "started_at" not in data:
+        raise DevClusterError(f"{record_path(run_dir, name)} was written by an older choreo-dev: "
+                              f"stop PID {data.get('pid')} by hand and delete the file")
     return ProcRecord(
         name=data["name"],
         pid=int(data["pid"]),
-        start_ticks=int(data["start_ticks"]),
+        started_at=float(data["started_at"]),
         argv=tuple(data["argv"]),
         log=data["log"],
     )
@@ -141,11 +137,17 @@ def stop_all(run_dir: Path, names: Sequence[str]) -> list[ProcRecord]:
 
 
 def rss_bytes(pid: int) -> int:
-    """Resident memory of a process, from /proc (0 if it is gone)."""
+    """Resident memory of a process (0 if it is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (FileNotFoundError, ProcessLookupError):
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
         return 0
-    return 0
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (none if it is gone)."""
+    try:
+        proc = psutil.Process(pid)
+        return [pid, *(c.pid for c in proc.children(recursive=True))]
+    except psutil.Error:
+        return []

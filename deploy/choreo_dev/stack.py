@@ -169,7 +169,7 @@ class HostStack:
             return
         if sig == signal.SIGKILL and procs.is_alive(rec):
             # a crash takes the whole process: its worker children die with it
-            for pid in reversed(process_tree(rec.pid)):
+            for pid in reversed(procs.process_tree(rec.pid)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         procs.stop(rec)
@@ -185,16 +185,4 @@ class HostStack:
         rec = self.record(name)
         if rec is None or not procs.is_alive(rec):
             return 0
-        return sum(procs.rss_bytes(pid) for pid in process_tree(rec.pid))
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants, from /proc."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*/children"):
-            with contextlib.suppress(OSError):
-                todo.extend(int(c) for c in task.read_text().split())
-    return out
+        return sum(procs.rss_bytes(pid) for pid in procs.process_tree(rec.pid))

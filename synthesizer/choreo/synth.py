@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
+import psutil
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError, InputError
@@ -113,14 +114,7 @@ def check_fits(demands: Sequence[Demand], available: int | None = None) -> None:
 
 def _available_memory() -> int:
     """Free memory now (what the kernel could hand out without swapping)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(psutil.virtual_memory().available)
 
 
 def synthesize(

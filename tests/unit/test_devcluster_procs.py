@@ -46,7 +46,7 @@ def test_reused_pid_is_never_signalled(tmp_path: Path) -> None:
     proc = procs.start("sleeper", SLEEPER, tmp_path / "s.log", tmp_path / "run")
     rec = procs.read(tmp_path / "run", "sleeper")
     assert rec is not None
-    impostor = dataclasses.replace(rec, start_ticks=rec.start_ticks + 1)
+    impostor = dataclasses.replace(rec, started_at=rec.started_at + 1)
     assert not procs.is_alive(impostor)
     procs.stop(impostor)
     assert proc.poll() is None

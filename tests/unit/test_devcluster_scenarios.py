@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from choreo_dev import schedules
+from choreo_dev.procs import process_tree
 from choreo_dev.scenarios.latency import Sampler, parse_buckets, quantile
 from choreo_dev.scenarios.scale import layout
-from choreo_dev.stack import HostStack, process_tree, prometheus_config
+from choreo_dev.stack import HostStack, prometheus_config
 
 METRICS = """# HELP choreo_resynthesis_latency_seconds x
 choreo_resynthesis_latency_seconds_bucket{le="0.5"} 2.0
