@@ -25,7 +25,7 @@ from choreo_agents.publisher import PROBE_REQUEST, Publisher, now_rfc3339
 from choreo_agents.report import fabric_spec, link_healthy, significant, status_counts
 from choreo_agents.schedule import Backoff, ProbeSchedule
 from choreo_api import Condition, Device, NodeFabricSpec, NodeFabricStatus
-from choreo_api.kube import CALL_ERRORS, message
+from choreo_api.kube import CALL_ERRORS, describe
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class Agent:
         try:
             open_ones = self.publisher.load_failures()
         except CALL_ERRORS as exc:
-            log.warning("cannot list DeviceFailures yet: %s", message(exc))
+            log.warning("cannot list DeviceFailures yet: %s", describe(exc))
             self._backoff["load"].failed(now)
             return
         for key, reason in open_ones.items():
@@ -294,7 +294,7 @@ class Agent:
         try:
             self.publisher.clear_probe_request()
         except CALL_ERRORS as exc:
-            log.warning("could not clear the %s annotation: %s", PROBE_REQUEST, message(exc))
+            log.warning("could not clear the %s annotation: %s", PROBE_REQUEST, describe(exc))
 
     # ---- publishing ----------------------------------------------------------------------
     def spec(self) -> NodeFabricSpec:
@@ -325,7 +325,7 @@ class Agent:
             self.metrics.api_writes.labels(self.s.node, "NodeFabric", "error").inc()
             log.error(
                 "NodeFabric write rejected: %s (keeping the last good one, retry in %.1f s)",
-                message(exc), delay,
+                describe(exc), delay,
             )  # fmt: skip
             return
         backoff.succeeded()
@@ -352,7 +352,8 @@ class Agent:
         except CALL_ERRORS as exc:
             delay = backoff.failed(now)
             self.metrics.api_writes.labels(self.s.node, "NodeFabricStatus", "error").inc()
-            log.error("NodeFabric status write rejected: %s (retry in %.1f s)", message(exc), delay)
+            log.error("NodeFabric status write rejected: %s (retry in %.1f s)",
+                      describe(exc), delay)
             return
         backoff.succeeded()
         self.metrics.api_writes.labels(self.s.node, "NodeFabricStatus", "ok").inc()
@@ -403,7 +404,7 @@ class Agent:
                 self.metrics.api_writes.labels(self.s.node, "DeviceFailure", "error").inc()
                 log.error(
                     "DeviceFailure %s write rejected: %s (retry in %.1f s)",
-                    failure_name(self.s.node, key), message(exc), delay,
+                    failure_name(self.s.node, key), describe(exc), delay,
                 )  # fmt: skip
                 return
             backoff.succeeded()

@@ -20,7 +20,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 from choreo.settings import SettingsError, from_arguments
 from choreo_agents.backends import Backend, BackendError
 from choreo_agents.config import AgentConfig
-from choreo_api.kube import CALL_ERRORS, ConfigException, Kube, message
+from choreo_api.kube import CALL_ERRORS, ConfigException, Kube, describe
 
 log = logging.getLogger("choreo_agents")
 
@@ -183,7 +183,7 @@ def _fabric_position(api: Kube | None, node: str) -> int:
         node_obj = reading(api.get, f"/api/v1/nodes/{node}")
     except CALL_ERRORS as exc:
         raise UsageError(
-            f"cannot read Node {node} for its fabric position: {message(exc)}") from exc
+            f"cannot read Node {node} for its fabric position: {describe(exc)}") from exc
     labels = node_obj["metadata"].get("labels") or {}
     value = labels.get(FABRIC_INDEX_LABEL)
     if value is None or not value.isdigit():

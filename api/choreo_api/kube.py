@@ -24,7 +24,7 @@ from kubernetes.config.incluster_config import InClusterConfigLoader
 from kubernetes.watch.watch import iter_resp_lines
 from urllib3.exceptions import HTTPError
 
-__all__ = ["CALL_ERRORS", "ApiException", "ConfigException", "Kube", "message"]
+__all__ = ["CALL_ERRORS", "ApiException", "ConfigException", "Kube", "describe"]
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -34,16 +34,18 @@ CALL_ERRORS = (ApiException, HTTPError, OSError)
 """What a call fails with when the API server refuses it or cannot be reached."""
 
 
-def message(err: BaseException) -> str:
-    """One line for a log or a status: for a refusal the status and the API server's own
-    message (``HTTP 422: spec.links: Invalid value``), not the response headers."""
-    if not isinstance(err, ApiException):
-        return str(err)
-    body = err.body.decode(errors="replace") if isinstance(err.body, bytes) else err.body
-    text = body or ""
+def describe(err: BaseException) -> str:
+    """One line for a log or a status. A refusal by the API server, from either client
+    library (sync or async, whose ``ApiException`` classes differ but carry the same fields),
+    gives its status and the server's own message (``HTTP 422: spec.links: Invalid value``)
+    instead of the exception's dump of response headers."""
+    if not all(hasattr(err, a) for a in ("status", "reason", "body")):
+        return str(err) or type(err).__name__
+    body = getattr(err, "body", None)
+    text = body.decode(errors="replace") if isinstance(body, bytes) else body or ""
     with contextlib.suppress(ValueError, AttributeError):
         text = json.loads(text).get("message", text)
-    return f"HTTP {err.status}: {str(text or err.reason)[:300]}"
+    return f"HTTP {getattr(err, 'status', '?')}: {str(text or getattr(err, 'reason', ''))[:300]}"
 
 
 class Kube:

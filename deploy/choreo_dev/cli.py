@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from choreo_api.kube import ApiException, message
+from choreo_api.kube import ApiException, describe
 from choreo_dev import build, fabric, nodes, paths
 from choreo_dev.cluster import Cluster, ClusterInfo, control_plane_binaries
 from choreo_dev.errors import DevClusterError
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except ApiException as exc:
-        print(f"error: the API server refused a request: {message(exc)}", file=sys.stderr)
+        print(f"error: the API server refused a request: {describe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

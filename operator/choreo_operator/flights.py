@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from choreo.service.client import build_request
+from choreo_api.kube import describe
 from choreo_operator import metrics, status
 from choreo_operator.model import resumed
 from choreo_operator.planning import GroupPlan
@@ -138,9 +139,9 @@ class Flights:
             self._land(plan)
             with contextlib.suppress(Exception):
                 await self.reporter.update_jobs(plan.members, {
-                    "Degraded": (True, "OperatorError", f"{type(err).__name__}: {err}; "
+                    "Degraded": (True, "OperatorError", f"{type(err).__name__}: {describe(err)}; "
                                  "keeping the last good schedule, retrying"),
-                    "Synthesizing": (True, "Retrying", str(err)[:500])},
+                    "Synthesizing": (True, "Retrying", describe(err)[:500])},
                     event=("Warning", "OperatorError"))
             asyncio.get_running_loop().call_later(self.backoff_max_seconds, self.poke, "retry")
         finally:

@@ -20,6 +20,7 @@ from kubernetes_asyncio.config import ConfigException
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from choreo_api import GROUP, VERSION, CollectiveJob, DeviceFailure, FabricTopology, NodeFabricSpec
+from choreo_api.kube import describe
 from choreo_operator import certs, metrics, model, sources, webhook
 from choreo_operator.config import Config
 from choreo_operator.kube import CALL_ERRORS, Kube, connection_info, load_configuration
@@ -123,7 +124,7 @@ async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo | None:
     try:
         cfg = await load_configuration(rt.config.kubeconfig)
     except ConfigException as err:
-        log.error("no Kubernetes credentials: %s", err)
+        log.error("no Kubernetes credentials: %s", describe(err))
         return None
     for api in (rt.api, rt.lease_api):
         await api.login(cfg)
@@ -215,7 +216,7 @@ async def _register_webhook(rt: Runtime) -> None:
             with attempt:
                 await webhook.point_at(rt.api, cfg.webhook_config, url, rt.webhook_ca)
     except CALL_ERRORS as err:
-        log.error("gave up configuring webhook %s: %s", cfg.webhook_config, err)
+        log.error("gave up configuring webhook %s: %s", cfg.webhook_config, describe(err))
         return
     log.info("MutatingWebhookConfiguration %s points at %s", cfg.webhook_config, url)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from choreo_api.kube import describe
 from choreo_operator.kube import CALL_ERRORS, ApiException
 
 log = logging.getLogger("choreo.operator.leader")
@@ -122,7 +123,7 @@ class Elector:
             await self.api.replace(path, {**lease, "spec": spec})
             log.info("released the Lease %s/%s", e.namespace, e.name)
         except CALL_ERRORS as err:
-            log.warning("releasing the Lease: %s", err)
+            log.warning("releasing the Lease: %s", describe(err))
 
     async def run(self, on_started: Callable[[], Awaitable[None]],
                   on_stopped: Callable[[], Awaitable[None]]) -> None:
@@ -134,7 +135,7 @@ class Elector:
             try:
                 ok = await self.try_acquire_or_renew()
             except CALL_ERRORS as err:
-                log.warning("Lease %s/%s: %s", e.namespace, e.name, err)
+                log.warning("Lease %s/%s: %s", e.namespace, e.name, describe(err))
                 ok = False
             if ok:
                 renewed = time.monotonic()

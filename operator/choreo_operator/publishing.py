@@ -22,6 +22,7 @@ from kubernetes_asyncio.client import ApiException
 from choreo.collectives import format_size
 from choreo.service.client import bucket_xml
 from choreo_api import CollectiveJob
+from choreo_api.kube import describe
 from choreo_operator import metrics, results, status
 from choreo_operator.model import SHIP_ANYWAY, PodInfo
 from choreo_operator.placement import RankSlot
@@ -221,7 +222,7 @@ class Publisher:
             named = named_config_maps(
                 await self.api.get(job_path(job.namespace, job.name, "status")))
         except ApiException as err:
-            log.warning("listing ConfigMaps of %s: %s", job.key, err)
+            log.warning("listing ConfigMaps of %s: %s", job.key, describe(err))
             return
         for cm in listing.get("items", []):
             meta = cm["metadata"]
@@ -234,7 +235,7 @@ class Publisher:
                 await self.api.delete(f"/api/v1/namespaces/{job.namespace}/configmaps/{name}")
             except ApiException as err:
                 if err.status != 404:
-                    log.warning("deleting ConfigMap %s: %s", name, err)
+                    log.warning("deleting ConfigMap %s: %s", name, describe(err))
 
 
 def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any) -> results.Schedule:

@@ -15,9 +15,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
-from kubernetes_asyncio.client import ApiException
-
 from choreo_api import (
     GROUP,
     VERSION,
@@ -26,8 +23,10 @@ from choreo_api import (
     DeviceFailureStatus,
     FabricTopologyStatus,
 )
+from choreo_api.kube import describe
 from choreo_operator import metrics, status
 from choreo_operator.fabric import Fabric
+from choreo_operator.kube import CALL_ERRORS, ApiException
 from choreo_operator.model import Invalid, resumed
 from choreo_operator.placement import Placement
 from choreo_operator.planning import Blocked, Inputs
@@ -115,14 +114,10 @@ class Reporter:
             try:
                 await self.api.merge_patch(job_path(job.namespace, job.name, "status"),
                                            {"status": {**doc, "conditions": conditions}})
-            except ApiException as err:
-                if err.status != 404:
-                    log.warning("status of %s: %s", job.key, err)
+            except CALL_ERRORS as err:
+                if not (isinstance(err, ApiException) and err.status == 404):  # 404: job gone
+                    log.warning("status of %s: %s", job.key, describe(err))
                     written = False
-                continue
-            except (aiohttp.ClientError, TimeoutError) as err:
-                log.warning("status of %s: %s: %s", job.key, type(err).__name__, err)
-                written = False
                 continue
             state.conditions = conditions
             state.status_doc.update(doc)
@@ -175,7 +170,7 @@ class Reporter:
         try:
             await self.api.create(f"/api/v1/namespaces/{job.namespace}/events", body)
         except ApiException as err:
-            log.debug("event for %s: %s", job.key, err)
+            log.debug("event for %s: %s", job.key, describe(err))
 
     def phase_metrics(self) -> None:
         counts: dict[str, int] = {}
@@ -207,7 +202,7 @@ class Reporter:
                 {"status": {**doc, "conditions": conditions}})
             self.fabric_status[spec.name] = (doc, problems, conditions)
         except ApiException as err:
-            log.warning("FabricTopology %s status: %s", spec.name, err)
+            log.warning("FabricTopology %s status: %s", spec.name, describe(err))
 
     async def failures(self, inputs: Inputs, fabric: Fabric,
                        placements: Mapping[str, Placement]) -> None:
@@ -228,7 +223,7 @@ class Reporter:
                 self.failure_status[f.name] = key
             except ApiException as err:
                 if err.status != 404:
-                    log.warning("DeviceFailure %s status: %s", f.name, err)
+                    log.warning("DeviceFailure %s status: %s", f.name, describe(err))
         names = {f.name for f in inputs.failures}
         for name in list(self.failure_status):
             if name not in names:
@@ -276,7 +271,7 @@ class Reporter:
                     await self.event(obj, "Warning", "InvalidSpec", obj.message)
             except ApiException as err:
                 if err.status != 404:
-                    log.warning("%s %s status: %s", obj.kind, obj.key, err)
+                    log.warning("%s %s status: %s", obj.kind, obj.key, describe(err))
                 continue
             self.invalid_status[(obj.kind, obj.key)] = obj.message
 

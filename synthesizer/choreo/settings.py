@@ -26,7 +26,7 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser | Any, model: type[BaseSettings]) -> None:
+def add_arguments(parser: argparse.ArgumentParser, model: type[BaseSettings]) -> None:
     """One flag per field of ``model`` (``--max-buckets`` for ``max_buckets``); flags not
     given stay out of the namespace, so the environment and the model's defaults apply."""
     prefix = model.model_config.get("env_prefix", "")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from choreo_api.kube import ConfigException, Kube
+from choreo_api.kube import ApiException, ConfigException, Kube, describe
 from choreo_operator import kube as operator_kube
 
 SERVER = "https://127.0.0.1:6443"
@@ -55,3 +55,15 @@ def test_a_kubeconfig_without_the_user_is_an_error(tmp_path: Path) -> None:
                                       "current-context": "nowhere"}))
     with pytest.raises(ConfigException):
         Kube.from_environment(environ={"KUBECONFIG": str(broken)})
+
+
+def test_a_refusal_is_one_line_from_either_client_library() -> None:
+    body = '{"kind": "Status", "message": "spec.links: Invalid value", "code": 422}'
+    sync = ApiException(status=422, reason="Unprocessable Entity")
+    sync.body = body
+    refused = operator_kube.ApiException(status=422, reason="Unprocessable Entity")
+    refused.body = body
+    for err in (sync, refused):
+        assert describe(err) == "HTTP 422: spec.links: Invalid value"
+    assert describe(TimeoutError()) == "TimeoutError"
+    assert describe(OSError("connection refused")) == "connection refused"
