@@ -33,6 +33,7 @@ JSON = "application/json"
 MERGE = "application/merge-patch+json"
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+READ_BUFFER_BYTES = 2**21  # as kubernetes_asyncio's: an object may reach etcd's 1.5 MiB
 CALL_ERRORS = (ApiException, aiohttp.ClientError, TimeoutError)
 """What a call fails with when the API server refuses it or cannot be reached."""
 
@@ -69,6 +70,23 @@ async def connection_info(cfg: client.Configuration) -> kopf.ConnectionInfo:
         private_key_path=cfg.key_file, default_namespace=None)
 
 
+def _without_environment(api: client.ApiClient) -> client.ApiClient:
+    """``api`` on a session that does not consult the environment on every call.
+
+    kubernetes_asyncio opens its aiohttp session with ``trust_env=True``, and aiohttp then
+    looks for ``~/.netrc`` credentials before each request that carries no ``auth=`` (ours
+    carry a bearer header), in a thread of the default executor: a thread hop, a file lookup
+    and extra threads (each with its own malloc arena) on every write. The connector (pool,
+    TLS context) is kept; a proxy set in the kubeconfig still applies, as in the sync client,
+    which reads no proxy from the environment either."""
+    rest = api.rest_client
+    shared = rest.pool_manager
+    rest.pool_manager = aiohttp.ClientSession(connector=shared.connector,
+                                              read_bufsize=READ_BUFFER_BYTES)
+    shared.detach()
+    return api
+
+
 class Kube:
     """Path-based JSON calls; waits for the first login, follows every later one."""
 
@@ -84,7 +102,7 @@ class Kube:
         for old in self._retired:  # the one before the last login: long idle by now
             await old.close()
         self._retired = [self._client] if self._client is not None else []
-        self._client = client.ApiClient(cfg)
+        self._client = _without_environment(client.ApiClient(cfg))
         self._ready.set()
 
     async def request(self, method: str, path: str, body: Any = None,

@@ -8,6 +8,7 @@ import datetime
 import shutil
 import types
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -124,6 +125,33 @@ def test_operator_client_follows_each_login_and_shares_it_with_kopf(
             await kube.close()
 
     asyncio.run(scenario())
+
+
+def test_operator_calls_stay_on_the_event_loop(cluster: LocalCluster, tmp_path: Path) -> None:
+    """A call is no thread hop: aiohttp, trusting the environment, would look for ~/.netrc in
+    the default executor before every request, on every write of a publication."""
+    folder, environ = account(cluster, tmp_path, admin_token(cluster))
+    handed: list[str] = []
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            handed.append(getattr(fn, "__qualname__", repr(fn)))
+            return super().submit(fn, *args, **kwargs)
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_default_executor(Counting(max_workers=2))
+        kube = operator_kube.Kube()
+        try:
+            await kube.login(await operator_kube.load_configuration(
+                None, account=folder, environ=environ))
+            handed.clear()  # what loading the credentials did is not a call
+            for _ in range(20):
+                assert (await kube.get("/api/v1/namespaces/default"))["kind"] == "Namespace"
+        finally:
+            await kube.close()
+
+    asyncio.run(scenario())
+    assert handed == []
 
 
 def test_no_credentials_is_a_clear_error(tmp_path: Path) -> None:
