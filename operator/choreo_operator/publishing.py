@@ -24,6 +24,7 @@ from choreo.service.client import bucket_xml
 from choreo_api import CollectiveJob
 from choreo_api.kube import describe
 from choreo_operator import metrics, results, status
+from choreo_operator.kube import CALL_ERRORS
 from choreo_operator.model import SHIP_ANYWAY, PodInfo
 from choreo_operator.placement import RankSlot
 from choreo_operator.planning import GroupPlan
@@ -66,15 +67,20 @@ class Publisher:
                 event=("Warning", "VerificationFailed"))
             metrics.RESYNTHESES.labels(reason=reason, result="unverified").inc()
             return False
-        # Splitting megabytes of XML per pod takes a while: keep the event loop answering.
-        name, parts, bodies = await asyncio.to_thread(
-            results.config_maps, job, schedule, pod_ranks, pl.pod_index, plan.inputs_hash,
-            plan.fingerprint, self.split_bytes)
-        too_big = results.oversized(bodies)
-        if too_big:
-            await self._too_large(job, plan, result, bodies, too_big, reason)
-            return False
-        await self._create(job, schedule, bodies, parts)
+        # Which ConfigMaps exist is asked while the XML is split, not after it.
+        listing = asyncio.create_task(self._existing(job))
+        try:
+            # Splitting megabytes of XML per pod takes a while: keep the event loop answering.
+            name, parts, bodies = await asyncio.to_thread(
+                results.config_maps, job, schedule, pod_ranks, pl.pod_index, plan.inputs_hash,
+                plan.fingerprint, self.split_bytes)
+            too_big = results.oversized(bodies)
+            if too_big:
+                await self._too_large(job, plan, result, bodies, too_big, reason)
+                return False
+            await self._create(job, schedule, bodies, parts, await listing)
+        finally:
+            listing.cancel()
         state = self.reporter.state(job)
         new_maps = {name} if not parts else {p.name for p in parts}
         first = schedule.collectives[0] if schedule.collectives else None
@@ -152,10 +158,15 @@ class Publisher:
                                      "inputsHash": plan.inputs_hash}})
 
     async def _create(self, job: CollectiveJob, schedule: results.Schedule,
-                      bodies: list[dict[str, Any]], parts: list[results.Part]) -> None:
-        """Create the schedule's ConfigMaps (one that exists already is the same), and point
-        the job's alias at a whole schedule."""
+                      bodies: list[dict[str, Any]], parts: list[results.Part],
+                      there: set[str]) -> None:
+        """Create the schedule's ConfigMaps that are not ``there`` yet (one that exists is
+        the same), and point the job's alias at a whole schedule."""
         path = f"/api/v1/namespaces/{job.namespace}/configmaps"
+        # Names are content hashes: one that exists holds this schedule already. A schedule
+        # that comes back (a failed GPU recovers while pods still mount its ConfigMaps) is
+        # then not sent again, megabytes per pod, only for the API server to answer 409.
+        bodies = [b for b in bodies if b["metadata"]["name"] not in there]
         # One ConfigMap per pod for large tenants: written side by side, a few at a time.
         writes = asyncio.Semaphore(CONFIGMAP_WRITES)
 
@@ -171,17 +182,29 @@ class Publisher:
         if parts:
             return
         alias = results.alias_body(job, schedule, schedule.content_hash())
+        if alias["metadata"]["name"] not in there:
+            try:
+                await self.api.create(path, alias)
+                return
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+        stale = {k: None for k in (*results.possible_files(job),
+                                   *results.MSCCL_OFF[job.spec.dialect])
+                 if k not in alias["data"]}
+        await self.api.merge_patch(f"{path}/{alias['metadata']['name']}",
+                                   {"data": {**stale, **alias["data"]},
+                                    "metadata": {"labels": alias["metadata"]["labels"]}})
+
+    async def _existing(self, job: CollectiveJob) -> set[str]:
+        """Names of the job's ConfigMaps now (none known if the listing fails: every create
+        is then tried, and one that exists answers 409)."""
         try:
-            await self.api.create(path, alias)
-        except ApiException as err:
-            if err.status != 409:
-                raise
-            stale = {k: None for k in (*results.possible_files(job),
-                                       *results.MSCCL_OFF[job.spec.dialect])
-                     if k not in alias["data"]}
-            await self.api.merge_patch(f"{path}/{alias['metadata']['name']}",
-                                       {"data": {**stale, **alias["data"]},
-                                        "metadata": {"labels": alias["metadata"]["labels"]}})
+            listing = await self.api.list_metadata(_listing_path(job))
+        except CALL_ERRORS as err:
+            log.warning("listing ConfigMaps of %s: %s", job.key, describe(err))
+            return set()
+        return {cm["metadata"]["name"] for cm in listing.get("items") or []}
 
     # ---- garbage collection ------------------------------------------------------------------
     async def collect(self, jobs: list[CollectiveJob], pods: list[PodInfo]) -> None:
@@ -213,10 +236,8 @@ class Publisher:
     async def _collect_unused(self, job: CollectiveJob, state: JobState,
                               mounted: frozenset[str]) -> None:
         state.mounted = mounted
-        selector = f"{results.LABEL_JOB}={job.name[:63]}"
         try:
-            listing = await self.api.list_metadata(
-                f"/api/v1/namespaces/{job.namespace}/configmaps?labelSelector={selector}")
+            listing = await self.api.list_metadata(_listing_path(job))
             # What the job's status names right now is never garbage, whatever this replica
             # remembers: after a takeover its index may still hold an older status.
             named = named_config_maps(
@@ -224,7 +245,7 @@ class Publisher:
         except ApiException as err:
             log.warning("listing ConfigMaps of %s: %s", job.key, describe(err))
             return
-        for cm in listing.get("items", []):
+        for cm in listing.get("items") or []:
             meta = cm["metadata"]
             owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
             name = meta["name"]
@@ -236,6 +257,12 @@ class Publisher:
             except ApiException as err:
                 if err.status != 404:
                     log.warning("deleting ConfigMap %s: %s", name, describe(err))
+
+
+def _listing_path(job: CollectiveJob) -> str:
+    """The job's ConfigMaps, by their label (names only: metadata is all a listing reads)."""
+    return (f"/api/v1/namespaces/{job.namespace}/configmaps"
+            f"?labelSelector={results.LABEL_JOB}={job.name[:63]}")
 
 
 def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any) -> results.Schedule:

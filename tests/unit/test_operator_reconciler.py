@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -38,7 +39,9 @@ class FakeApi:
         return {"items": [v for k, v in self.objects.items() if k.startswith(prefix)]}
 
     async def list_metadata(self, path: str) -> Any:
-        return await self.get(path)
+        """As the API server answers: an empty metadata-only list has ``items: null``."""
+        listing = await self.get(path)
+        return {"kind": "PartialObjectMetadataList", "items": listing["items"] or None}
 
     async def create(self, path: str, body: dict[str, Any]) -> Any:
         key = f"{path}/{body['metadata'].get('name', len(self.objects))}"
@@ -92,11 +95,14 @@ class FakeSynth:
         return resp
 
 
-def _inputs(failures: list[DeviceFailure]) -> Inputs:
+def _inputs(failures: list[DeviceFailure], mounts: Mapping[str, tuple[str, ...]] | None = None,
+            ) -> Inputs:
+    """Tenants a and b on two nodes; ``mounts``: the ConfigMaps each tenant's pods mount."""
     coll = {"name": "grads", "collective": "allreduce", "minBytes": 1 << 20, "maxBytes": 1 << 22}
     jobs = [job(t, collectives=[coll]) for t in "ab"]
     pods = [PodInfo("ns", f"{t}{r}", f"{t}{r}", (("t", t),), f"n{r}", 4, None,
-                    (("batch.kubernetes.io/job-completion-index", str(r)),), (), True)
+                    (("batch.kubernetes.io/job-completion-index", str(r)),),
+                    (mounts or {}).get(t, ()), True)
             for t in "ab" for r in range(2)]
     nodes = {n: NodeInfo(n, True, 8) for n in ("n0", "n1")}
     return Inputs([fabric(2, type="rail", rails=1)], {}, failures, nodes, jobs, pods)
@@ -140,6 +146,41 @@ def test_failure_then_resolution_restores_the_same_configmap() -> None:
     names = [s["configMap"] for s in api.statuses("a") if "configMap" in s]
     assert len(synth.calls) == 3 and names[0] == names[-1] and names[1] != names[0]
     assert [len(t.npus) for t in synth.calls[1].tenants] == [7, 8]
+
+
+def test_a_schedule_that_comes_back_while_mounted_is_not_sent_again() -> None:
+    """Pods still mount the schedule from before the failure: when the GPU recovers, the
+    status names that ConfigMap again without writing it a second time."""
+    creates: list[str] = []
+
+    class CountingApi(FakeApi):
+        async def create(self, path: str, body: dict[str, Any]) -> Any:
+            if body.get("kind") == "ConfigMap":
+                creates.append(body["metadata"]["name"])
+            return await super().create(path, body)
+
+    api, synth = CountingApi(), FakeSynth()
+    state: dict[str, Any] = {"failures": [], "mounts": {}}
+    rec = Reconciler(lambda: _inputs(state["failures"], state["mounts"]), api, synth,
+                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+
+    async def main() -> None:
+        await rec.round({"failure"}, 0.0)
+        await _landed(rec)
+        first = api.status("a")["configMap"]
+        state["mounts"] = {"a": (first,), "b": (api.status("b")["configMap"],)}
+        state["failures"] = [failure("x", "n1", "gpu", gpu=1)]
+        await rec.round({"failure"}, 0.0)
+        await _landed(rec)
+        assert api.status("a")["configMap"] != first
+        creates.clear()
+        state["failures"] = [failure("x", "n1", "gpu", gpu=1, resolved=True)]
+        await rec.round({"failure"}, 0.0)
+        await _landed(rec)
+        assert api.status("a")["configMap"] == first and first in api.configmaps()
+    asyncio.run(main())
+    assert len(synth.calls) == 3
+    assert creates == []  # neither the schedule's ConfigMaps nor the alias, which is patched
 
 
 def test_synthesizer_down_degrades_then_recovers() -> None:
