@@ -67,7 +67,7 @@ async def connection_info(cfg: client.Configuration) -> kopf.ConnectionInfo:
     return kopf.ConnectionInfo(
         server=str(cfg.host), ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
         scheme=scheme, token=token, certificate_path=cfg.cert_file,
-        private_key_path=cfg.key_file, default_namespace=None)
+        private_key_path=cfg.key_file, proxy_url=cfg.proxy or None, default_namespace=None)
 
 
 def _without_environment(api: client.ApiClient) -> client.ApiClient:
@@ -77,8 +77,9 @@ def _without_environment(api: client.ApiClient) -> client.ApiClient:
     looks for ``~/.netrc`` credentials before each request that carries no ``auth=`` (ours
     carry a bearer header), in a thread of the default executor: a thread hop, a file lookup
     and extra threads (each with its own malloc arena) on every write. The connector (pool,
-    TLS context) is kept; a proxy set in the kubeconfig still applies, as in the sync client,
-    which reads no proxy from the environment either."""
+    TLS context) is kept. The kubeconfig's ``proxy-url`` still applies (the client passes it
+    with each request), and kopf's watches, which do not trust the environment by default,
+    are handed the same one (:func:`connection_info`): both go the same way."""
     rest = api.rest_client
     shared = rest.pool_manager
     rest.pool_manager = aiohttp.ClientSession(connector=shared.connector,

@@ -49,6 +49,35 @@ def test_operator_client_merges_every_kubeconfig_path(tmp_path: Path) -> None:
     assert asyncio.run(load()) == (SERVER, "from-the-second-file")
 
 
+def test_the_kubeconfig_proxy_and_no_other_serves_watches_and_writes(tmp_path: Path) -> None:
+    """kopf's watches and the operator's writes go the same way: through the kubeconfig's
+    ``proxy-url``, and not through a proxy or ``~/.netrc`` taken from the environment."""
+    path = tmp_path / "proxied.yaml"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "ctx",
+        "clusters": [{"name": "c", "cluster": {"server": SERVER, "proxy-url":
+                                               "http://proxy.example:3128",
+                                               "insecure-skip-tls-verify": True}}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+
+    async def load() -> tuple[str | None, str | None, bool]:
+        cfg = await operator_kube.load_configuration(str(path), environ={})
+        kube = operator_kube.Kube()
+        await kube.login(cfg)
+        try:
+            info = await operator_kube.connection_info(cfg)
+            api = kube._client
+            assert api is not None
+            rest = api.rest_client
+            return info.proxy_url, rest.proxy, rest.pool_manager.trust_env
+        finally:
+            await kube.close()
+
+    assert asyncio.run(load()) == ("http://proxy.example:3128", "http://proxy.example:3128",
+                                   False)
+
+
 def test_a_kubeconfig_without_the_user_is_an_error(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config",
