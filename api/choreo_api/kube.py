@@ -39,13 +39,13 @@ def describe(err: BaseException) -> str:
     library (sync or async, whose ``ApiException`` classes differ but carry the same fields),
     gives its status and the server's own message (``HTTP 422: spec.links: Invalid value``)
     instead of the exception's dump of response headers."""
-    if not all(hasattr(err, a) for a in ("status", "reason", "body")):
+    status, reason, body = (getattr(err, a, None) for a in ("status", "reason", "body"))
+    if status is None or not hasattr(err, "body"):  # not a refusal (aiohttp's has no body)
         return str(err) or type(err).__name__
-    body = getattr(err, "body", None)
     text = body.decode(errors="replace") if isinstance(body, bytes) else body or ""
     with contextlib.suppress(ValueError, AttributeError):
         text = json.loads(text).get("message", text)
-    return f"HTTP {getattr(err, 'status', '?')}: {str(text or getattr(err, 'reason', ''))[:300]}"
+    return f"HTTP {status}: {str(text or reason or '')[:300]}"
 
 
 class Kube:

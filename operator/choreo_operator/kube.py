@@ -75,8 +75,8 @@ def _without_environment(api: client.ApiClient) -> client.ApiClient:
 
     kubernetes_asyncio opens its aiohttp session with ``trust_env=True``, and aiohttp then
     looks for ``~/.netrc`` credentials before each request that carries no ``auth=`` (ours
-    carry a bearer header), in a thread of the default executor: a thread hop, a file lookup
-    and extra threads (each with its own malloc arena) on every write. The connector (pool,
+    carry a bearer header), in a thread of the default executor: a thread hop and a file
+    lookup on every write, and more threads. The connector (pool,
     TLS context) is kept. The kubeconfig's ``proxy-url`` still applies (the client passes it
     with each request), and kopf's watches, which do not trust the environment by default,
     are handed the same one (:func:`connection_info`): both go the same way."""
