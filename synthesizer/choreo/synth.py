@@ -8,7 +8,9 @@ soon as their reduction is complete. All tenants are matched jointly in each pha
 link is booked twice. Fabrics with switches are unwound into point-to-point links for a few
 degrees and the fastest result is kept. AllReduce tenants larger than ``large_tenant`` ranks
 on multi-GPU hosts get the rail-aligned hierarchical plan instead (``choreo.hierarchy``),
-whose schedule stays linear in the ranks where chunk matching would be quadratic.
+whose schedule stays linear in the ranks where chunk matching would be quadratic. AllGather
+and ReduceScatter on such hosts also get the rail-aligned plan (``choreo.railgather``): the
+faster of it and the greedy result is kept, and above ``large_tenant`` ranks it alone.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import psutil
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError, InputError
 from choreo.hierarchy import LARGE_TENANT, applies, hierarchical
+from choreo.railgather import layout, rail_gather
 from choreo.schedule import Op, Schedule
+from choreo.simulate import simulate
 from choreo.topology import Link, Topology
 from choreo.transforms import restrict
 
@@ -53,6 +57,7 @@ class SynthOptions:
     relay: bool = True
     degrees: tuple[int, ...] | None = None
     large_tenant: int = LARGE_TENANT  # ranks above which AllReduce is planned hierarchically
+    rail_gather: bool = True  # also try the rail-aligned AllGather / ReduceScatter plan
 
 
 def auto_chunks(topology: Topology, collective: Collective, size: int, n: int) -> int:
@@ -126,12 +131,19 @@ def synthesize(
     check_demands(fabric, demands, opts.relay)
     if all(applies(fabric, d, opts.large_tenant) for d in demands):
         return hierarchical(fabric, demands, opts.relay)
+    railed = opts.rail_gather and all(layout(fabric, d) is not None for d in demands)
+    if railed and any(d.n > opts.large_tenant for d in demands):
+        return rail_gather(fabric, demands, opts.relay)
     check_fits(demands)
     views = _logical_views(fabric, demands, opts)
     # The engine releases the GIL, so the unwinding candidates run side by side.
     with ThreadPoolExecutor(max_workers=min(len(views), os.cpu_count() or 1)) as pool:
         results = list(pool.map(lambda view: _synthesize_on(fabric, view, demands, opts), views))
-    return min(results, key=lambda s: s.makespan)
+    best = min(results, key=lambda s: s.makespan)
+    if not railed:
+        return best
+    rail = rail_gather(fabric, demands, opts.relay)  # its times are the simulator's already
+    return rail if rail.makespan < simulate(best).makespan else best
 
 
 _VIEWS: OrderedDict[Hashable, list[Topology]] = OrderedDict()

@@ -46,7 +46,7 @@ def nodes_per_rank(algo: Algo) -> list[int]:
 def big(chunks: int, size: int = 1 << 30) -> Schedule:
     fabric = build("dgx-h100-2")
     demand = Demand(Collective.ALLGATHER, tuple(fabric.npus), size, chunks)
-    return synthesize(fabric, [demand], SynthOptions(restarts=1, relay=False))
+    return synthesize(fabric, [demand], SynthOptions(restarts=1, relay=False, rail_gather=False))
 
 
 # 1. legacy allocates maxBytes * s_chunks / nchunksperloop of scratch per rank at init ----------

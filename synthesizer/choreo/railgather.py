@@ -1,0 +1,238 @@
+"""Rail-aligned AllGather and ReduceScatter on multi-GPU hosts with one NIC per GPU.
+
+On such fabrics the bound is the NICs (many hosts) or the GPUs' NVSwitch ports (few hosts),
+and the greedy matcher's choices across the two levels leave 3-7% of it unused. The plan
+here is the packing of broadcast trees that reaches both (ForestColl's trees, written down
+for rails): every rank's shard crosses the hosts on its own rail, once into each host, and
+each GPU hands what arrives on its rail to its host mates over NVSwitch. Where hosts are few
+the NVSwitch ports are the bound and the NICs have room, so the first ``relay`` chunks of
+every shard also cross on the other rails (a mate relays them), which moves load from the
+NVSwitch ports onto the NICs until both take equally long.
+
+Per shard of ``chunks`` chunks, rank ``(h, u)`` (host ``h``, slot ``u``):
+
+* sends its shard over NVSwitch to every mate, the relayed chunks first;
+* sends its whole shard on rail ``u`` to ``(h', u)`` on every other host ``h'`` (rotating,
+  so every NIC receives from one peer at a time; the last rounds in halving pieces where
+  nothing follows them, so the mates' copies of the last arrivals start early);
+* forwards the unrelayed chunks of each shard that arrives on its rail to its mates;
+* sends the relayed chunks of its mates' shards on its rail to every other host, last: they
+  end where they land, so they fill the NICs while the NVSwitch ports drain.
+
+Every chunk reaches every rank once (a broadcast tree per shard), so ReduceScatter is the
+same plan on reversed links, inverted in time. Sends are tagged with their start in a
+per-GPU estimate (`_Estimate`), routed on the fabric and timed by the congestion simulator,
+like the hierarchical AllReduce (``choreo.hierarchy``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from choreo.collectives import Collective, Demand
+from choreo.errors import InputError
+from choreo.hierarchy import Hop, hop_costs, hosts_of, railed_ranks
+from choreo.routing import timed_plan
+from choreo.schedule import Op, Schedule
+from choreo.topology import Topology
+from choreo.transforms import restrict
+
+ENGINE = "rail-gather"
+CHUNK_CHOICES = (1, 2, 4, 8, 16)  # chunks per shard the estimate chooses from (within MAX_CNT)
+TAIL_ROUNDS = (0, 1, 2)  # last rail rounds cut into halving pieces
+SPLITS = (1, 2, 4, 8)  # pieces of the own shard that leave on the rail one after another
+
+
+def layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
+    """Per host, its rank indices in slot order, where the plan applies: an AllGather or
+    ReduceScatter over several hosts that all hold the same slots, every rank with a working
+    NIC (a rail). None elsewhere (the greedy engine plans those)."""
+    if demand.collective not in (Collective.ALLGATHER, Collective.REDUCESCATTER):
+        return None
+    hosts = hosts_of(fabric, demand.ranks)
+    if hosts is None or len(hosts) < 2:
+        return None
+    slots = [s for s, _ in hosts[0]]
+    if len(slots) < 2 or any([s for s, _ in h] != slots for h in hosts):
+        return None
+    if len(railed_ranks(fabric, demand.ranks)) != demand.n:
+        return None
+    return [[r for _, r in h] for h in hosts]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One candidate plan: ``chunks`` per shard, the first ``relay`` of them crossing on every
+    rail; the own shard goes to the mates in pieces (the relayed chunks, then the rest in
+    ``split`` parts), each leaving on the rail once the mates have it, and the last ``tail``
+    rail rounds of the last piece go in halving pieces."""
+
+    chunks: int
+    relay: int
+    tail: int
+    split: int = 1
+
+    @property
+    def pieces(self) -> tuple[tuple[int, int], ...]:
+        """The own shard's pieces in order: (first chunk, end chunk)."""
+        rest = self.chunks - self.relay
+        cuts = [self.relay + k * rest // self.split for k in range(self.split + 1)]
+        head = ((0, self.relay),) if self.relay else ()
+        return head + tuple((a, b) for a, b in itertools.pairwise(cuts) if b > a)
+
+    def rail_units(self, hosts: int, lo: int, hi: int, cut: bool = True
+                   ) -> list[tuple[int, int, int]]:
+        """Rail sends of chunks ``lo..hi-1`` of the own shard in order: (round, first, end),
+        the last ``tail`` rounds in halving pieces where ``cut``."""
+        units = []
+        for k in range(1, hosts):
+            if not cut or k <= hosts - 1 - self.tail or hi - lo == 1:
+                units.append((k, lo, hi))
+                continue
+            at = lo
+            while at < hi:
+                end = hi if hi - at <= 1 else at + (hi - at + 1) // 2
+                units.append((k, at, end))
+                at = end
+        return units
+
+
+@dataclass
+class _Estimate:
+    """The sends of one GPU (every GPU alike), each with its estimated start: ``nvl`` are
+    (start, turn, first chunk, end chunk, whose shard: -k for the rail round k's, 0 own),
+    ``nic`` are (start, round, first chunk, end chunk, mate turn or 0 for the own shard)."""
+
+    nvl: list[tuple[float, int, int, int, int]]
+    nic: list[tuple[float, int, int, int, int]]
+    end: float
+
+
+def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail: Hop
+             ) -> _Estimate:
+    """Start of every send of one GPU, its NVSwitch port and NIC each serving its sends one
+    at a time in plan order: a forward waits for its arrival, a relayed send for the mate's
+    copy (every GPU sends its ``turn``-th copy to the mate ``turn`` places on), a piece of
+    the own shard leaves on the rail once the mates have it. That last rule is for
+    ReduceScatter, the plan inverted: a GPU cannot reduce the same chunks from its mates
+    and from its rail at once (MSCCL adds them into one buffer)."""
+    cb = shard / shape.chunks
+    nvl: list[tuple[float, int, int, int, int]] = []
+    t = 0.0
+    copied = {}  # turn -> when the mate ``turn`` places back had copied its relayed chunks here
+    done = []  # when the mates have each piece of the own shard
+    for lo, hi in shape.pieces:
+        for turn in range(1, mates):
+            nvl.append((t, turn, lo, hi, 0))
+            t += host.time((hi - lo) * cb)
+            if lo == 0 and shape.relay:
+                copied[turn] = t
+        done.append(t)
+    nic: list[tuple[float, int, int, int, int]] = []
+    u = 0.0
+    arrivals = []
+    last = len(shape.pieces) - 1
+    for i, ((lo, hi), ready) in enumerate(zip(shape.pieces, done, strict=True)):
+        u = max(u, ready)
+        for k, a, b in shape.rail_units(hosts, lo, hi, cut=i == last):
+            nic.append((u, k, a, b, 0))
+            u += rail.time((b - a) * cb)
+            arrivals.append((u, k, max(a, shape.relay), b))
+    for turn in sorted(copied, key=lambda j: copied[j]):
+        for k in range(1, hosts):
+            u = max(u, copied[turn])
+            nic.append((u, k, 0, shape.relay, turn))
+            u += rail.time(shape.relay * cb)
+    for at, k, lo, hi in sorted(arrivals):  # forward the unrelayed part of what came
+        if hi <= lo:
+            continue
+        t = max(t, at)
+        for turn in range(1, mates):
+            nvl.append((t, turn, lo, hi, -k))
+            t += host.time((hi - lo) * cb)
+    return _Estimate(nvl, nic, max(t, u))
+
+
+def best_shape(mates: int, hosts: int, size: float, n: int, host: Hop, rail: Hop) -> Shape:
+    """The candidate with the earliest estimated end. The relayed share ``f`` balances the
+    two ports: a GPU takes ``(hosts - 1) * (1 + (mates - 1) * f)`` shards on its NIC and
+    ``(mates - 1) * (1 + (1 - f) * (hosts - 1))`` over NVSwitch."""
+    shard = size / n
+    a, b = rail.beta, host.beta
+    m1, h1 = mates - 1, hosts - 1
+    f = max(0.0, (m1 * b * (1 + h1) - h1 * a) / (h1 * m1 * (a + b)))
+    best: tuple[float, Shape] = (float("inf"), Shape(1, 0, 0))
+    for c in CHUNK_CHOICES:
+        relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)}
+        for r in sorted(relays):
+            for split in (k for k in SPLITS if k <= c - r):
+                for tail in TAIL_ROUNDS:
+                    shape = Shape(c, r, tail, split)
+                    end = estimate(shape, mates, hosts, shard, host, rail).end
+                    if end < best[0] * (1 - 1e-9):
+                        best = (end, shape)
+    return best[1]
+
+
+def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: Hop
+         ) -> np.ndarray:
+    """AllGather sends in rank space: rows of (estimated start, estimated seconds, src rank,
+    dst rank, first chunk, chunk count)."""
+    mates, nh, c = len(hosts[0]), len(hosts), shape.chunks
+    shard = demand.size / demand.n
+    est = estimate(shape, mates, nh, shard, host, rail)
+    cb = shard / c
+    rows = []
+    for h, members in enumerate(hosts):
+        for p, r in enumerate(members):
+            for at, turn, lo, hi, whose in est.nvl:
+                origin = r if whose == 0 else hosts[(h + whose) % nh][p]  # whose = -k
+                rows.append((at, host.time((hi - lo) * cb), r, members[(p + turn) % mates],
+                             origin * c + lo, hi - lo))
+            for at, k, lo, hi, turn in est.nic:
+                origin = r if turn == 0 else members[(p - turn) % mates]
+                rows.append((at, rail.time((hi - lo) * cb), r, hosts[(h + k) % nh][p],
+                             origin * c + lo, hi - lo))
+    return np.asarray(rows, dtype=np.float64).reshape(-1, 6)
+
+
+def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False) -> Schedule:
+    """Every demand's rail-aligned plan, routed on ``fabric`` and simulated jointly (tenants
+    that share links delay each other as the simulator says)."""
+    view = restrict(fabric, {r for d in demands for r in d.ranks}, relay)
+    planned: list[Demand] = []
+    shapes: list[list[int]] = []
+    cols: list[np.ndarray] = []
+    for t, d in enumerate(demands):
+        hosts = layout(fabric, d)
+        if hosts is None:
+            raise InputError(f"tenants[{t}]: the rail plan needs an AllGather or ReduceScatter "
+                             "over several hosts alike, every rank on a rail")
+        owners = [list(h) for h in hosts]
+        host, rail = hop_costs(view, [list(enumerate(h)) for h in hosts], owners, d.ranks,
+                               d.size / d.n)
+        shape = best_shape(len(hosts[0]), len(hosts), d.size, d.n, host, rail)
+        d = replace(d, chunks=shape.chunks)
+        planned.append(d)
+        shapes.append([shape.chunks, shape.relay, shape.tail, shape.split])
+        rows = plan(d, hosts, shape, host, rail)
+        if d.collective is Collective.REDUCESCATTER:  # the AllGather reversed and inverted
+            end = float((rows[:, 0] + rows[:, 1]).max())
+            rows = np.column_stack([end - rows[:, 0] - rows[:, 1], rows[:, 1], rows[:, 3],
+                                    rows[:, 2], rows[:, 4], rows[:, 5]])
+        ranks = np.asarray(d.ranks, dtype=np.int64)
+        ints = rows[:, 2:].astype(np.int64)
+        op = Op.REDUCE if d.collective is Collective.REDUCESCATTER else Op.COPY
+        cols.append(np.column_stack([np.full(len(rows), t), rows[:, 0], ranks[ints[:, 0]],
+                                     ranks[ints[:, 1]], ints[:, 2], ints[:, 3],
+                                     np.full(len(rows), int(op))]))
+    table = np.concatenate(cols)
+    step = np.unique(table[:, 1], return_inverse=True)[1].astype(np.int64)
+    tenant, src, dst, chunk, count, op = table[:, [0, 2, 3, 4, 5, 6]].T.astype(np.int64)
+    nbytes = max(d.size / d.n for d in planned)
+    return timed_plan(fabric, view, tuple(planned), nbytes, tenant, step, src, dst, chunk, op,
+                      count, engine=ENGINE, meta={"engine": ENGINE, "shapes": shapes})

@@ -1,0 +1,118 @@
+"""The rail-aligned AllGather and ReduceScatter: verified, runnable as MSCCL, near the bound."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import choreo.railgather as railgather
+from choreo.bounds import lower_bound
+from choreo.collectives import Collective, Demand
+from choreo.generators import build
+from choreo.hierarchy import Hop
+from choreo.msccl import interpret
+from choreo.msccl.api import to_xml
+from choreo.railgather import Shape, estimate, layout, rail_gather
+from choreo.simulate import simulate
+from choreo.synth import SynthOptions, synthesize
+from choreo.transforms import fail_npus
+from choreo.verify import verify
+
+GIB = 1 << 30
+GATHERS = (Collective.ALLGATHER, Collective.REDUCESCATTER)
+
+
+def _demand(fabric_name: str, collective: Collective, size: int = GIB,
+            gpus: tuple[int, ...] | None = None) -> tuple[object, Demand]:
+    fabric = build(fabric_name)
+    ranks = tuple(v for v in fabric.npus if gpus is None or int(fabric.names[v][-1]) in gpus)
+    return fabric, Demand(collective, ranks, size, 1)
+
+
+@pytest.mark.parametrize("collective", GATHERS)
+@pytest.mark.parametrize("fabric_name", ["dgx-h100-2", "dgx-h100-4", "dgx-a100-4"])
+def test_plan_is_verified_and_near_the_bound(fabric_name: str, collective: Collective) -> None:
+    fabric, demand = _demand(fabric_name, collective)
+    s = rail_gather(fabric, [demand])
+    assert verify(s).ok, verify(s).summary()
+    share = lower_bound(fabric, demand, whole_chunks=False).value_s / simulate(s).makespan
+    assert 0.9 <= share <= 1.0 + 1e-9  # above the bound would mean the bound or plan is wrong
+
+
+@pytest.mark.parametrize("collective", GATHERS)
+def test_its_program_runs_in_the_msccl_interpreter(collective: Collective) -> None:
+    fabric, demand = _demand("dgx-h100-2", collective, 16 << 20)
+    result = interpret.run(to_xml(rail_gather(fabric, [demand]), 0))
+    assert result.ok, str(result)
+
+
+def test_a_tenant_on_some_slots_of_every_host_is_planned_on_those_rails() -> None:
+    fabric, demand = _demand("dgx-h100-3", Collective.ALLGATHER, gpus=(0, 1, 2, 3))
+    s = rail_gather(fabric, [demand])
+    assert verify(s).ok
+    slots = {fabric.names[int(v)].split("/")[1] for v in (*s.src, *s.dst)}
+    assert slots == {"gpu0", "gpu1", "gpu2", "gpu3"}
+
+
+def test_two_tenants_on_the_same_hosts_are_timed_jointly() -> None:
+    fabric = build("dgx-h100-2")
+    low = tuple(v for v in fabric.npus if int(fabric.names[v][-1]) < 4)
+    high = tuple(v for v in fabric.npus if int(fabric.names[v][-1]) >= 4)
+    demands = [Demand(Collective.ALLGATHER, low, GIB, 1),
+               Demand(Collective.REDUCESCATTER, high, GIB, 1)]
+    s = rail_gather(fabric, demands)
+    assert verify(s).ok
+    assert set(s.tenant.tolist()) == {0, 1}
+
+
+def test_only_gathers_over_several_hosts_alike_on_rails_apply() -> None:
+    fabric, demand = _demand("dgx-h100-2", Collective.ALLGATHER)
+    assert layout(fabric, demand) is not None
+    _, allreduce = _demand("dgx-h100-2", Collective.ALLREDUCE)
+    assert layout(fabric, allreduce) is None
+    one, alone = _demand("dgx-h100-1", Collective.ALLGATHER)
+    assert layout(one, alone) is None
+    torus, flat = _demand("torus-4x4", Collective.ALLGATHER)
+    assert layout(torus, flat) is None
+    degraded = fail_npus(fabric, ["node1/gpu3"])
+    survivors = Demand(Collective.ALLGATHER, tuple(degraded.npus), GIB, 1)
+    assert layout(degraded, survivors) is None  # hosts no longer alike: greedy plans it
+
+
+def test_a_plan_asked_for_where_it_does_not_apply_is_refused_by_name() -> None:
+    fabric, demand = _demand("dgx-h100-2", Collective.ALLREDUCE)
+    with pytest.raises(Exception, match=r"tenants\[0\]"):
+        rail_gather(fabric, [demand])
+
+
+def test_the_estimate_relays_only_where_nvswitch_ports_are_the_bound() -> None:
+    host, rail = Hop(0.7e-6, 1 / 370e9), Hop(1.7e-6, 1 / 46e9)
+    few = railgather.best_shape(8, 2, GIB, 16, host, rail)
+    many = railgather.best_shape(8, 16, GIB, 128, host, rail)
+    assert few.relay > 0 and many.relay == 0
+
+
+def test_the_estimate_keeps_each_port_busy_one_send_at_a_time() -> None:
+    host, rail = Hop(0.7e-6, 1 / 370e9), Hop(1.7e-6, 1 / 46e9)
+    est = estimate(Shape(4, 1, 1), 8, 4, GIB / 32, host, rail)
+    for sends, hop in ((est.nvl, host), (est.nic, rail)):
+        starts = [at for at, *_ in sends]
+        assert starts == sorted(starts)
+        for (at, _, lo, hi, _), (nxt, *_) in itertools.pairwise(sends):
+            assert nxt >= at + hop.time((hi - lo) * GIB / 32 / 4) - 1e-15
+
+
+def test_synthesize_keeps_the_faster_of_greedy_and_the_rail_plan() -> None:
+    fabric, demand = _demand("dgx-h100-4", Collective.ALLGATHER)
+    chosen = synthesize(fabric, [demand], SynthOptions(relay=False))
+    rail = rail_gather(fabric, [demand])
+    assert simulate(chosen).makespan <= simulate(rail).makespan * (1 + 1e-9)
+    assert verify(chosen).ok
+
+
+def test_large_gathers_get_the_rail_plan_alone() -> None:
+    fabric, demand = _demand("dgx-h100-2", Collective.REDUCESCATTER)
+    s = synthesize(fabric, [demand], SynthOptions(relay=False, large_tenant=8))
+    assert s.engine == railgather.ENGINE
+    assert verify(s).ok
