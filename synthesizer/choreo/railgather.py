@@ -35,7 +35,7 @@ import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
-from choreo.hierarchy import Hop, hop_costs, hosts_of, railed_ranks
+from choreo.hierarchy import Hop, hop_costs, hosts_of
 from choreo.routing import timed_plan
 from choreo.schedule import Op, Schedule
 from choreo.topology import Topology
@@ -49,8 +49,10 @@ SPLITS = (1, 2, 4, 8)  # pieces of the own shard that leave on the rail one afte
 
 def layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
     """Per host, its rank indices in slot order, where the plan applies: an AllGather or
-    ReduceScatter over several hosts that all hold the same slots, every rank with a working
-    NIC (a rail). None elsewhere (the greedy engine plans those)."""
+    ReduceScatter over several hosts that all hold the same slots, on a rail fabric: every
+    rank has one working link to its host's switch and one to a switch outside (its NIC),
+    and the ranks of a slot share that rail switch. None elsewhere (the greedy engine plans
+    those: direct GPU links or several NICs per GPU break the plan's model of two ports)."""
     if demand.collective not in (Collective.ALLGATHER, Collective.REDUCESCATTER):
         return None
     hosts = hosts_of(fabric, demand.ranks)
@@ -59,9 +61,36 @@ def layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
     slots = [s for s, _ in hosts[0]]
     if len(slots) < 2 or any([s for s, _ in h] != slots for h in hosts):
         return None
-    if len(railed_ranks(fabric, demand.ranks)) != demand.n:
+    rails: dict[int, set[int]] = {}
+    for members in hosts:
+        switches = set()
+        for slot, r in members:
+            ports = _ports(fabric, demand.ranks[r])
+            if ports is None:
+                return None
+            switches.add(ports[0])
+            rails.setdefault(slot, set()).add(ports[1])
+        if len(switches) != 1:
+            return None
+    if any(len(rail) != 1 for rail in rails.values()):
         return None
     return [[r for _, r in h] for h in hosts]
+
+
+def _ports(fabric: Topology, v: int) -> tuple[int, int] | None:
+    """(host switch, rail switch) of NPU ``v`` where it has exactly one working link to
+    each and none to another NPU."""
+    prefix = fabric.names[v].split("/", 1)[0] + "/"
+    inside: list[int] = []
+    outside: list[int] = []
+    for k in fabric.out_links(v):
+        if not fabric.usable(k):
+            continue
+        dst = fabric.links[k].dst
+        if fabric.is_npu(dst):
+            return None
+        (inside if fabric.names[dst].startswith(prefix) else outside).append(dst)
+    return (inside[0], outside[0]) if len(inside) == 1 and len(outside) == 1 else None
 
 
 @dataclass(frozen=True)

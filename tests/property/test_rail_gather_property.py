@@ -1,0 +1,53 @@
+"""Random rail fabrics, tenants on some slots of every host, a GPU lost now and then: the
+AllGather or ReduceScatter that ``synthesize`` returns always verifies, is never faster than
+the bound, is never slower than the rail plan where that applies, and its program fits one
+ConfigMap per node and passes the MSCCL validator."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from choreo.bounds import lower_bound
+from choreo.collectives import Collective, Demand
+from choreo.generators import build
+from choreo.msccl.api import to_xml
+from choreo.msccl.split import MAX_CONFIGMAP_BYTES, split_per_node
+from choreo.msccl.validate import validate
+from choreo.railgather import layout, rail_gather
+from choreo.simulate import simulate
+from choreo.synth import SynthOptions, synthesize
+from choreo.transforms import fail_npus
+from choreo.verify import verify
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(preset=st.sampled_from(["dgx-h100", "dgx-a100"]), hosts=st.integers(2, 6),
+       slots=st.integers(2, 8), lost=st.booleans(),
+       collective=st.sampled_from([Collective.ALLGATHER, Collective.REDUCESCATTER]),
+       size_mib=st.sampled_from([16, 256, 1024]), seed=st.integers(0, 2**16))
+def test_gathers_on_rails(preset: str, hosts: int, slots: int, lost: bool,
+                          collective: Collective, size_mib: int, seed: int) -> None:
+    rnd = random.Random(seed)
+    fabric = build(f"{preset}-{hosts}")
+    chosen = set(rnd.sample(range(8), slots))
+    ranks = [v for v in fabric.npus if int(fabric.names[v].rsplit("gpu", 1)[1]) in chosen]
+    if lost:
+        gone = rnd.choice(ranks)
+        fabric = fail_npus(fabric, [gone])
+        ranks.remove(gone)
+    demand = Demand(collective, tuple(ranks), size_mib << 20, 1)
+    s = synthesize(fabric, [demand], SynthOptions(relay=False))
+    verdict = verify(s)
+    assert verdict.ok, verdict.summary()
+    took = simulate(s).makespan
+    assert lower_bound(fabric, demand, whole_chunks=not s.ranged).value_s <= took * (1 + 1e-9)
+    if layout(fabric, demand) is not None:
+        assert not lost
+        assert took <= simulate(rail_gather(fabric, [demand])).makespan * (1 + 1e-9)
+    xml = to_xml(s, 0)
+    files = split_per_node(xml, [fabric.names[r].split("/")[0] for r in s.demands[0].ranks])
+    assert max(len(text.encode()) for text in files.values()) <= MAX_CONFIGMAP_BYTES
+    assert validate(xml) == []
