@@ -131,10 +131,10 @@ def synthesize(
     check_demands(fabric, demands, opts.relay)
     if all(applies(fabric, d, opts.large_tenant) for d in demands):
         return hierarchical(fabric, demands, opts.relay)
+    check_fits(demands)
     railed = opts.rail_gather and all(layout(fabric, d) is not None for d in demands)
     if railed and any(d.n > opts.large_tenant for d in demands):
         return rail_gather(fabric, demands, opts.relay)
-    check_fits(demands)
     views = _logical_views(fabric, demands, opts)
     # The engine releases the GIL, so the unwinding candidates run side by side.
     with ThreadPoolExecutor(max_workers=min(len(views), os.cpu_count() or 1)) as pool:
