@@ -24,7 +24,8 @@ TARGET = 0.97  # of the bound: within 3%
 FABRICS = ("ring-16", "mesh-4x4", "torus-8x8", "torus-16x16", "torus-32x32", "hypercube-4x4x4",
            "hypercube-8x8x8", "switch-16", "switch2d-8x4", "switch2d-16x16", "3d-rfs-64",
            "3d-rfs-256", "dragonfly-4x5", "dragonfly-8x9", "dgx1", "dgx2-2", "dgx2-8", "ndv2-2",
-           "dgx-h100-4", "dgx-h100-16", "dgx-h100-32", "dgx-h100-128", "dgx-a100-4", "dgx-a100-16", "mi250")
+           "dgx-h100-4", "dgx-h100-16", "dgx-h100-32", "dgx-h100-128", "dgx-a100-4",
+           "dgx-a100-16", "mi250")
 
 
 def row(spec: str, collective: Collective) -> Row:
