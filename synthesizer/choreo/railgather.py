@@ -35,15 +35,14 @@ import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
-from choreo.hierarchy import Hop, hop_costs, hosts_of
-from choreo.routing import timed_plan
+from choreo.hierarchy import Hop, hosts_of
+from choreo.routing import circuits, timed_plan
 from choreo.schedule import Op, Schedule
 from choreo.topology import Topology
-from choreo.transforms import restrict
 
 ENGINE = "rail-gather"
 CHUNK_CHOICES = (1, 2, 4, 8, 16)  # chunks per shard the estimate chooses from (within MAX_CNT)
-TAIL_ROUNDS = (0, 1, 2)  # last rail rounds cut into halving pieces
+TAIL_ROUNDS = (0, 1, 2, 3, 4)  # last rail rounds cut into halving pieces
 SPLITS = (1, 2, 4, 8)  # pieces of the own shard that leave on the rail one after another
 
 
@@ -79,7 +78,7 @@ def layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
 
 def _ports(fabric: Topology, v: int) -> tuple[int, int] | None:
     """(host switch, rail switch) of NPU ``v`` where it has exactly one working link to
-    each and none to another NPU."""
+    each and one back from each, and none to another NPU."""
     prefix = fabric.names[v].split("/", 1)[0] + "/"
     inside: list[int] = []
     outside: list[int] = []
@@ -90,7 +89,29 @@ def _ports(fabric: Topology, v: int) -> tuple[int, int] | None:
         if fabric.is_npu(dst):
             return None
         (inside if fabric.names[dst].startswith(prefix) else outside).append(dst)
-    return (inside[0], outside[0]) if len(inside) == 1 and len(outside) == 1 else None
+    if len(inside) != 1 or len(outside) != 1:
+        return None
+    back = [fabric.links[k].src for k in fabric.in_links(v) if fabric.usable(k)]
+    if sorted(back) != sorted(inside + outside):
+        return None
+    return inside[0], outside[0]
+
+
+def _circuit(fabric: Topology, ports: dict[int, tuple[int, int]], a: int, b: int
+             ) -> tuple[int, int]:
+    """The two links of a send from NPU ``a`` to ``b`` through the switch they share (their
+    host's or their rail's, from ``ports``, which ``layout`` has checked)."""
+    pa, pb = ports[a], ports[b]
+    sw = pa[0] if pa[0] == pb[0] else pa[1]
+    up = next(k for k in fabric.out_links(a) if fabric.links[k].dst == sw and fabric.usable(k))
+    down = next(k for k in fabric.in_links(b) if fabric.links[k].src == sw and fabric.usable(k))
+    return up, down
+
+
+def _hop(fabric: Topology, ports: dict[int, tuple[int, int]], a: int, b: int) -> Hop:
+    """Cost of a send from ``a`` to ``b`` on its circuit (as ``choreo.routing.circuits``)."""
+    links = [fabric.links[k] for k in _circuit(fabric, ports, a, b)]
+    return Hop(sum(lk.alpha for lk in links), 1.0 / min(lk.bandwidth for lk in links))
 
 
 @dataclass(frozen=True)
@@ -141,14 +162,14 @@ class _Estimate:
     end: float
 
 
-def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail: Hop
-             ) -> _Estimate:
+def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail: Hop,
+             reduced: bool = True) -> _Estimate:
     """Start of every send of one GPU, its NVSwitch port and NIC each serving its sends one
     at a time in plan order: a forward waits for its arrival, a relayed send for the mate's
-    copy (every GPU sends its ``turn``-th copy to the mate ``turn`` places on), a piece of
-    the own shard leaves on the rail once the mates have it. That last rule is for
-    ReduceScatter, the plan inverted: a GPU cannot reduce the same chunks from its mates
-    and from its rail at once (MSCCL adds them into one buffer)."""
+    copy (every GPU sends its ``turn``-th copy to the mate ``turn`` places on), and where
+    the plan is ``reduced`` (a ReduceScatter, the plan inverted) a piece of the own shard
+    leaves on the rail once the mates have it: inverted, a GPU cannot reduce the same chunks
+    from its mates and from its rail at once (MSCCL adds them into one buffer)."""
     cb = shard / shape.chunks
     nvl: list[tuple[float, int, int, int, int]] = []
     t = 0.0
@@ -166,7 +187,7 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     arrivals = []
     last = len(shape.pieces) - 1
     for i, ((lo, hi), ready) in enumerate(zip(shape.pieces, done, strict=True)):
-        u = max(u, ready)
+        u = max(u, ready) if reduced else u
         for k, a, b in shape.rail_units(hosts, lo, hi, cut=i == last):
             nic.append((u, k, a, b, 0))
             u += rail.time((b - a) * cb)
@@ -186,7 +207,8 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     return _Estimate(nvl, nic, max(t, u))
 
 
-def best_shape(mates: int, hosts: int, size: float, n: int, host: Hop, rail: Hop) -> Shape:
+def best_shape(mates: int, hosts: int, size: float, n: int, host: Hop, rail: Hop,
+               reduced: bool = True) -> Shape:
     """The candidate with the earliest estimated end. The relayed share ``f`` balances the
     two ports: a GPU takes ``(hosts - 1) * (1 + (mates - 1) * f)`` shards on its NIC and
     ``(mates - 1) * (1 + (1 - f) * (hosts - 1))`` over NVSwitch."""
@@ -201,7 +223,7 @@ def best_shape(mates: int, hosts: int, size: float, n: int, host: Hop, rail: Hop
             for split in (k for k in SPLITS if k <= c - r):
                 for tail in TAIL_ROUNDS:
                     shape = Shape(c, r, tail, split)
-                    end = estimate(shape, mates, hosts, shard, host, rail).end
+                    end = estimate(shape, mates, hosts, shard, host, rail, reduced).end
                     if end < best[0] * (1 - 1e-9):
                         best = (end, shape)
     return best[1]
@@ -213,7 +235,8 @@ def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: 
     dst rank, first chunk, chunk count)."""
     mates, nh, c = len(hosts[0]), len(hosts), shape.chunks
     shard = demand.size / demand.n
-    est = estimate(shape, mates, nh, shard, host, rail)
+    est = estimate(shape, mates, nh, shard, host, rail,
+                   demand.collective is Collective.REDUCESCATTER)
     cb = shard / c
     rows = []
     for h, members in enumerate(hosts):
@@ -231,9 +254,12 @@ def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: 
 
 def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False) -> Schedule:
     """Every demand's rail-aligned plan, routed on ``fabric`` and simulated jointly (tenants
-    that share links delay each other as the simulator says)."""
-    view = restrict(fabric, {r for d in demands for r in d.ranks}, relay)
+    that share links delay each other as the simulator says). Every send takes its two hops
+    through the switch its ranks share, never the cheapest path: where a rail link is slow
+    that is a detour through other GPUs and rails, whose links the plan counts as free, so
+    no rank relays another's data whatever ``relay`` says."""
     planned: list[Demand] = []
+    ports: dict[int, tuple[int, int]] = {}
     shapes: list[list[int]] = []
     cols: list[np.ndarray] = []
     for t, d in enumerate(demands):
@@ -241,10 +267,12 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False
         if hosts is None:
             raise InputError(f"tenants[{t}]: the rail plan needs an AllGather or ReduceScatter "
                              "over several hosts alike, every rank on a rail")
-        owners = [list(h) for h in hosts]
-        host, rail = hop_costs(view, [list(enumerate(h)) for h in hosts], owners, d.ranks,
-                               d.size / d.n)
-        shape = best_shape(len(hosts[0]), len(hosts), d.size, d.n, host, rail)
+        ports.update((v, p) for v in d.ranks if (p := _ports(fabric, v)) is not None)
+        first, second, across = (d.ranks[hosts[0][0]], d.ranks[hosts[0][1]],
+                                 d.ranks[hosts[1][0]])
+        host, rail = _hop(fabric, ports, first, second), _hop(fabric, ports, first, across)
+        shape = best_shape(len(hosts[0]), len(hosts), d.size, d.n, host, rail,
+                           d.collective is Collective.REDUCESCATTER)
         d = replace(d, chunks=shape.chunks)
         planned.append(d)
         shapes.append([shape.chunks, shape.relay, shape.tail, shape.split])
@@ -263,5 +291,8 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False
     step = np.unique(table[:, 1], return_inverse=True)[1].astype(np.int64)
     tenant, src, dst, chunk, count, op = table[:, [0, 2, 3, 4, 5, 6]].T.astype(np.int64)
     nbytes = max(d.size / d.n for d in planned)
-    return timed_plan(fabric, view, tuple(planned), nbytes, tenant, step, src, dst, chunk, op,
-                      count, engine=ENGINE, meta={"engine": ENGINE, "shapes": shapes})
+    pairs = set(zip(src.tolist(), dst.tolist(), strict=True))
+    routed = circuits(fabric, {(a, b): _circuit(fabric, ports, a, b) for a, b in pairs})
+    return timed_plan(fabric, fabric, tuple(planned), nbytes, tenant, step, src, dst, chunk,
+                      op, count, engine=ENGINE, meta={"engine": ENGINE, "shapes": shapes},
+                      routed=routed)

@@ -121,13 +121,20 @@ def route(
     """A routing topology (the fabric's links at their own indices, then one circuit per
     multi-hop pair) and the link each (src NPU, dst NPU) pair uses."""
     router = Router(fabric, nbytes)
-    links = list(fabric.links)
-    chosen: dict[tuple[int, int], int] = {}
     targets: dict[int, list[int]] = {}
     for a, b in sorted(set(pairs)):
         targets.setdefault(a, []).append(b)
-    routes = router.paths_from(targets)
-    for (a, b), path in sorted(routes.items()):
+    return circuits(fabric, router.paths_from(targets))
+
+
+def circuits(fabric: Topology, paths: dict[tuple[int, int], tuple[int, ...]]
+             ) -> tuple[Topology, dict[tuple[int, int], int]]:
+    """The routing topology of given paths (fabric link ids per (src NPU, dst NPU) pair): a
+    one-link path is that link, a longer one a circuit holding every link on it, with the
+    sum of their alphas and the slowest one's bandwidth."""
+    links = list(fabric.links)
+    chosen: dict[tuple[int, int], int] = {}
+    for (a, b), path in sorted(paths.items()):
         if len(path) == 1:
             chosen[(a, b)] = path[0]
             continue
@@ -168,11 +175,14 @@ def pair_links(
 def timed_plan(fabric: Topology, view: Topology, demands: tuple[Demand, ...], nbytes: float,
                tenant: np.ndarray, step: np.ndarray, src: np.ndarray, dst: np.ndarray,
                chunk: np.ndarray, op: np.ndarray, count: np.ndarray | None = None, *,
-               engine: str, meta: dict[str, object]) -> Schedule:
+               engine: str, meta: dict[str, object],
+               routed: tuple[Topology, dict[tuple[int, int], int]] | None = None) -> Schedule:
     """A fixed algorithm's sends (NPU to NPU, tagged with their step) routed on ``view`` (the
-    fabric or a tenant's restriction of it) and timed by the congestion simulator: step ``k``
-    is planned at ``[k, k + 0.5)`` and the schedule carries what the simulator says runs."""
-    topo, chosen = route(view, set(zip(src.tolist(), dst.tolist(), strict=True)), nbytes)
+    fabric or a tenant's restriction of it), or on the given ``routed`` circuits, and timed
+    by the congestion simulator: step ``k`` is planned at ``[k, k + 0.5)`` and the schedule
+    carries what the simulator says runs."""
+    topo, chosen = routed or route(view, set(zip(src.tolist(), dst.tolist(), strict=True)),
+                                   nbytes)
     planned = Schedule(
         fabric, topo, demands, tenant, chunk, src, dst, pair_links(chosen, src, dst),
         step.astype(float), step + 0.5, op, engine=engine,
