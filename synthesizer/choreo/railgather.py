@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -42,7 +42,9 @@ from choreo.topology import Topology
 
 ENGINE = "rail-gather"
 CHUNK_CHOICES = (1, 2, 4, 8, 16)  # chunks per shard the estimate chooses from (within MAX_CNT)
-TAIL_ROUNDS = (0, 1, 2, 3, 4)  # last rail rounds cut into halving pieces
+# The rail's last pieces: (chunks of the last one, 0 for whole rounds to the end; how fast
+# the ones before it shrink; in how many last rounds each, 0 for across rounds).
+TAILS = ((0, 0.5, 0), *itertools.product((1, 2), (0.5, 0.75, 0.87), (0, 2, 3, 4)))
 SPLITS = (1, 2, 4, 8)  # pieces of the own shard that leave on the rail one after another
 
 
@@ -117,14 +119,20 @@ def _hop(fabric: Topology, ports: dict[int, tuple[int, int]], a: int, b: int) ->
 @dataclass(frozen=True)
 class Shape:
     """One candidate plan: ``chunks`` per shard, the first ``relay`` of them crossing on every
-    rail; the own shard goes to the mates in pieces (the relayed chunks, then the rest in
-    ``split`` parts), each leaving on the rail once the mates have it, and the last ``tail``
-    rail rounds of the last piece go in halving pieces."""
+    rail; the own shard leaves on the rail in pieces (the relayed chunks, then the rest in
+    ``split`` parts), and the last rail rounds of the last piece in pieces that shrink by
+    ``taper`` down to ``tail`` chunks (in each of the last ``rounds`` rounds, or across
+    rounds where that is 0). In a ReduceScatter (the plan inverted) a piece goes
+    to the mates before it
+    leaves on the rail, or where ``late`` (all but the last piece) after it has left."""
 
     chunks: int
     relay: int
     tail: int
     split: int = 1
+    late: bool = False
+    taper: float = 0.5
+    rounds: int = 0
 
     @property
     def pieces(self) -> tuple[tuple[int, int], ...]:
@@ -136,19 +144,25 @@ class Shape:
 
     def rail_units(self, hosts: int, lo: int, hi: int, cut: bool = True
                    ) -> list[tuple[int, int, int]]:
-        """Rail sends of chunks ``lo..hi-1`` of the own shard in order: (round, first, end),
-        the last ``tail`` rounds in halving pieces where ``cut``."""
-        units = []
-        for k in range(1, hosts):
-            if not cut or k <= hosts - 1 - self.tail or hi - lo == 1:
-                units.append((k, lo, hi))
-                continue
-            at = lo
-            while at < hi:
-                end = hi if hi - at <= 1 else at + (hi - at + 1) // 2
-                units.append((k, at, end))
-                at = end
-        return units
+        """Rail sends of chunks ``lo..hi-1`` of the own shard in order: (round, first, end).
+        Where ``cut`` and ``tail``, the last rounds go in pieces that grow back from the
+        last one, ``tail`` chunks, by ``1 / taper`` each (within each of the last ``rounds``
+        rounds, or across rounds until a whole one where ``rounds`` is 0): a piece arrives
+        while the one before it is copied to the mates, so the copies end soon after the
+        last arrival."""
+        units: list[tuple[int, int, int]] = []
+        size, k, at = self.tail, hosts - 1, hi
+        while cut and self.tail and k >= 1 and not (at == hi and size >= hi - lo):
+            if self.rounds and k <= hosts - 1 - self.rounds:
+                break
+            first = max(lo, at - size)
+            units.append((k, first, at))
+            size = max(size + 1, int(size / self.taper))  # a cut at a round start is kept
+            k, at = (k - 1, hi) if first == lo else (k, first)
+            if self.rounds and at == hi:
+                size = self.tail
+        units += [(j, lo, at if j == k else hi) for j in range(k, 0, -1) if at > lo or j < k]
+        return units[::-1]
 
 
 @dataclass
@@ -163,19 +177,24 @@ class _Estimate:
 
 
 def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail: Hop,
-             reduced: bool = True) -> _Estimate:
+             reduced: bool = True, record: bool = True) -> _Estimate:
     """Start of every send of one GPU, its NVSwitch port and NIC each serving its sends one
     at a time in plan order: a forward waits for its arrival, a relayed send for the mate's
     copy (every GPU sends its ``turn``-th copy to the mate ``turn`` places on), and where
     the plan is ``reduced`` (a ReduceScatter, the plan inverted) a piece of the own shard
     leaves on the rail once the mates have it: inverted, a GPU cannot reduce the same chunks
-    from its mates and from its rail at once (MSCCL adds them into one buffer)."""
+    from its mates and from its rail at once (MSCCL adds them into one buffer). Without
+    ``record`` only the end is estimated (the sends lists stay empty), for the search."""
     cb = shard / shape.chunks
+    pieces = shape.pieces
+    # A ReduceScatter's own pieces go to the mates before they leave on the rail; without
+    # relayed chunks all but the last go after, so the NIC starts at once.
+    late = reduced and shape.late and not shape.relay and len(pieces) > 1
     nvl: list[tuple[float, int, int, int, int]] = []
     t = 0.0
     copied = {}  # turn -> when the mate ``turn`` places back had copied its relayed chunks here
     done = []  # when the mates have each piece of the own shard
-    for lo, hi in shape.pieces:
+    for lo, hi in pieces[-1:] if late else pieces:
         for turn in range(1, mates):
             nvl.append((t, turn, lo, hi, 0))
             t += host.time((hi - lo) * cb)
@@ -184,14 +203,17 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
         done.append(t)
     nic: list[tuple[float, int, int, int, int]] = []
     u = 0.0
-    arrivals = []
-    last = len(shape.pieces) - 1
-    for i, ((lo, hi), ready) in enumerate(zip(shape.pieces, done, strict=True)):
-        u = max(u, ready) if reduced else u
+    arrivals = []  # (when, rail round or 0 for an own piece sent late, first chunk, end)
+    last = len(pieces) - 1
+    for i, (lo, hi) in enumerate(pieces):
+        if reduced and (not late or i == last):
+            u = max(u, done[-1] if late else done[i])
         for k, a, b in shape.rail_units(hosts, lo, hi, cut=i == last):
             nic.append((u, k, a, b, 0))
             u += rail.time((b - a) * cb)
             arrivals.append((u, k, max(a, shape.relay), b))
+        if late and i < last:
+            arrivals.append((u, 0, lo, hi))
     for turn in sorted(copied, key=lambda j: copied[j]):
         for k in range(1, hosts):
             u = max(u, copied[turn])
@@ -201,6 +223,9 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
         if hi <= lo:
             continue
         t = max(t, at)
+        if not record:
+            t += (mates - 1) * host.time((hi - lo) * cb)
+            continue
         for turn in range(1, mates):
             nvl.append((t, turn, lo, hi, -k))
             t += host.time((hi - lo) * cb)
@@ -221,11 +246,13 @@ def best_shape(mates: int, hosts: int, size: float, n: int, host: Hop, rail: Hop
         relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)}
         for r in sorted(relays):
             for split in (k for k in SPLITS if k <= c - r):
-                for tail in TAIL_ROUNDS:
-                    shape = Shape(c, r, tail, split)
-                    end = estimate(shape, mates, hosts, shard, host, rail, reduced).end
-                    if end < best[0] * (1 - 1e-9):
-                        best = (end, shape)
+                for tail, taper, rounds in TAILS:
+                    for late in (False, True) if reduced and not r and split > 1 else (False,):
+                        shape = Shape(c, r, tail, split, late, taper, rounds)
+                        end = estimate(shape, mates, hosts, shard, host, rail, reduced,
+                                       record=False).end
+                        if end < best[0] * (1 - 1e-9):
+                            best = (end, shape)
     return best[1]
 
 
@@ -260,7 +287,7 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False
     no rank relays another's data whatever ``relay`` says."""
     planned: list[Demand] = []
     ports: dict[int, tuple[int, int]] = {}
-    shapes: list[list[int]] = []
+    shapes: list[dict[str, object]] = []
     cols: list[np.ndarray] = []
     for t, d in enumerate(demands):
         hosts = layout(fabric, d)
@@ -275,7 +302,7 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False
                            d.collective is Collective.REDUCESCATTER)
         d = replace(d, chunks=shape.chunks)
         planned.append(d)
-        shapes.append([shape.chunks, shape.relay, shape.tail, shape.split])
+        shapes.append(asdict(shape))
         rows = plan(d, hosts, shape, host, rail)
         if d.collective is Collective.REDUCESCATTER:  # the AllGather reversed and inverted
             end = float((rows[:, 0] + rows[:, 1]).max())
