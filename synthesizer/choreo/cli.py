@@ -157,8 +157,10 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         step(f"synthesizing on {fabric.name}")
         started = time.perf_counter()
         if args.engine == "greedy":
-            sched = synthesize(fabric, demands, SynthOptions(restarts=args.restarts,
-                                                             seed=args.seed, relay=relay))
+            # Several MSCCL instances need single-chunk transfers (the rail plan moves ranges).
+            sched = synthesize(fabric, demands, SynthOptions(
+                restarts=args.restarts, seed=args.seed, relay=relay,
+                rail_gather=getattr(args, "instances", 1) == 1))
         else:
             from choreo.portfolio import PortfolioOptions, solve
 

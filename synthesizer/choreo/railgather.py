@@ -1,4 +1,4 @@
-"""Rail-aligned AllGather and ReduceScatter on multi-GPU hosts with one NIC per GPU.
+"""Rail-aligned AllGather, ReduceScatter and AllReduce on multi-GPU hosts with one NIC per GPU.
 
 On such fabrics the bound is the NICs (many hosts) or the GPUs' NVSwitch ports (few hosts),
 and the greedy matcher's choices across the two levels leave 3-7% of it unused. The plan
@@ -20,7 +20,8 @@ Per shard of ``chunks`` chunks, rank ``(h, u)`` (host ``h``, slot ``u``):
   end where they land, so they fill the NICs while the NVSwitch ports drain.
 
 Every chunk reaches every rank once (a broadcast tree per shard), so ReduceScatter is the
-same plan on reversed links, inverted in time. Sends are tagged with their start in a
+same plan on reversed links, inverted in time, and AllReduce that ReduceScatter followed by
+the AllGather, both cut into the same chunks. Sends are tagged with their start in a
 per-GPU estimate (`_Estimate`), routed on the fabric and timed by the congestion simulator,
 like the hierarchical AllReduce (``choreo.hierarchy``).
 """
@@ -41,6 +42,7 @@ from choreo.schedule import Op, Schedule
 from choreo.topology import Topology
 
 ENGINE = "rail-gather"
+GATHERS = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 CHUNK_CHOICES = (1, 2, 4, 8, 16)  # chunks per shard the estimate chooses from (within MAX_CNT)
 # The rail's last pieces: (chunks of the last one, 0 for whole rounds to the end; how fast
 # the ones before it shrink; in how many last rounds each, 0 for across rounds).
@@ -49,12 +51,13 @@ SPLITS = (1, 2, 4, 8)  # pieces of the own shard that leave on the rail one afte
 
 
 def layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
-    """Per host, its rank indices in slot order, where the plan applies: an AllGather or
-    ReduceScatter over several hosts that all hold the same slots, on a rail fabric: every
-    rank has one working link to its host's switch and one to a switch outside (its NIC),
-    and the ranks of a slot share that rail switch. None elsewhere (the greedy engine plans
-    those: direct GPU links or several NICs per GPU break the plan's model of two ports)."""
-    if demand.collective not in (Collective.ALLGATHER, Collective.REDUCESCATTER):
+    """Per host, its rank indices in slot order, where the plan applies: an AllGather,
+    ReduceScatter or AllReduce over several hosts that all hold the same slots, on a rail
+    fabric: every rank has one working link to its host's switch and one to a switch
+    outside (its NIC), and the ranks of a slot share that rail switch. None elsewhere (the
+    greedy engine plans those: direct GPU links or several NICs per GPU break the plan's
+    model of two ports)."""
+    if demand.collective not in GATHERS:
         return None
     hosts = hosts_of(fabric, demand.ranks)
     if hosts is None or len(hosts) < 2:
@@ -234,15 +237,21 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
 
 def best_shape(mates: int, hosts: int, size: float, n: int, host: Hop, rail: Hop,
                reduced: bool = True) -> Shape:
-    """The candidate with the earliest estimated end. The relayed share ``f`` balances the
-    two ports: a GPU takes ``(hosts - 1) * (1 + (mates - 1) * f)`` shards on its NIC and
+    """The candidate with the earliest estimated end (``search``)."""
+    return search(mates, hosts, size / n, host, rail, reduced)[1]
+
+
+def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: bool,
+           choices: Sequence[int] = CHUNK_CHOICES) -> tuple[float, Shape]:
+    """The earliest estimated end and its shape, over ``choices`` of chunks per shard. The
+    relayed share ``f`` balances the two ports: a GPU takes
+    ``(hosts - 1) * (1 + (mates - 1) * f)`` shards on its NIC and
     ``(mates - 1) * (1 + (1 - f) * (hosts - 1))`` over NVSwitch."""
-    shard = size / n
     a, b = rail.beta, host.beta
     m1, h1 = mates - 1, hosts - 1
     f = max(0.0, (m1 * b * (1 + h1) - h1 * a) / (h1 * m1 * (a + b)))
     best: tuple[float, Shape] = (float("inf"), Shape(1, 0, 0))
-    for c in CHUNK_CHOICES:
+    for c in choices:
         relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)}
         for r in sorted(relays):
             for split in (k for k in SPLITS if k <= c - r):
@@ -253,17 +262,16 @@ def best_shape(mates: int, hosts: int, size: float, n: int, host: Hop, rail: Hop
                                        record=False).end
                         if end < best[0] * (1 - 1e-9):
                             best = (end, shape)
-    return best[1]
+    return best
 
 
-def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: Hop
-         ) -> np.ndarray:
+def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: Hop,
+         reduced: bool = False) -> np.ndarray:
     """AllGather sends in rank space: rows of (estimated start, estimated seconds, src rank,
-    dst rank, first chunk, chunk count)."""
+    dst rank, first chunk, chunk count); ``reduced``: to be inverted into a ReduceScatter."""
     mates, nh, c = len(hosts[0]), len(hosts), shape.chunks
     shard = demand.size / demand.n
-    est = estimate(shape, mates, nh, shard, host, rail,
-                   demand.collective is Collective.REDUCESCATTER)
+    est = estimate(shape, mates, nh, shard, host, rail, reduced)
     cb = shard / c
     rows = []
     for h, members in enumerate(hosts):
@@ -292,28 +300,41 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False
     for t, d in enumerate(demands):
         hosts = layout(fabric, d)
         if hosts is None:
-            raise InputError(f"tenants[{t}]: the rail plan needs an AllGather or ReduceScatter "
-                             "over several hosts alike, every rank on a rail")
+            raise InputError(f"tenants[{t}]: the rail plan needs an AllGather, ReduceScatter or "
+                             "AllReduce over several hosts alike, every rank on a rail")
         ports.update((v, p) for v in d.ranks if (p := _ports(fabric, v)) is not None)
         first, second, across = (d.ranks[hosts[0][0]], d.ranks[hosts[0][1]],
                                  d.ranks[hosts[1][0]])
         host, rail = _hop(fabric, ports, first, second), _hop(fabric, ports, first, across)
-        shape = best_shape(len(hosts[0]), len(hosts), d.size, d.n, host, rail,
-                           d.collective is Collective.REDUCESCATTER)
-        d = replace(d, chunks=shape.chunks)
+        mates, nh, shard = len(hosts[0]), len(hosts), d.size / d.n
+        if d.collective is Collective.ALLREDUCE:  # its ReduceScatter, then its AllGather
+            phases = [[(True, search(mates, nh, shard, host, rail, True, (c,))),
+                       (False, search(mates, nh, shard, host, rail, False, (c,)))]
+                      for c in CHUNK_CHOICES]
+            best = min(phases, key=lambda ph: ph[0][1][0] + ph[1][1][0])
+            kinds = [(reduced, found[1]) for reduced, found in best]
+        else:
+            reduced = d.collective is Collective.REDUCESCATTER
+            kinds = [(reduced, search(mates, nh, shard, host, rail, reduced)[1])]
+        d = replace(d, chunks=kinds[0][1].chunks)
         planned.append(d)
-        shapes.append(asdict(shape))
-        rows = plan(d, hosts, shape, host, rail)
-        if d.collective is Collective.REDUCESCATTER:  # the AllGather reversed and inverted
+        shapes.append({"phases": [asdict(shape) for _, shape in kinds]})
+        parts, offset = [], 0.0
+        for reduced, shape in kinds:
+            rows = plan(d, hosts, shape, host, rail, reduced)
             end = float((rows[:, 0] + rows[:, 1]).max())
-            rows = np.column_stack([end - rows[:, 0] - rows[:, 1], rows[:, 1], rows[:, 3],
-                                    rows[:, 2], rows[:, 4], rows[:, 5]])
+            if reduced:  # the AllGather reversed and inverted in time
+                rows = np.column_stack([end - rows[:, 0] - rows[:, 1], rows[:, 1], rows[:, 3],
+                                        rows[:, 2], rows[:, 4], rows[:, 5]])
+            rows[:, 0] += offset
+            parts.append(np.column_stack([rows, np.full(len(rows), int(
+                Op.REDUCE if reduced else Op.COPY))]))
+            offset += end
+        rows = np.concatenate(parts)
         ranks = np.asarray(d.ranks, dtype=np.int64)
         ints = rows[:, 2:].astype(np.int64)
-        op = Op.REDUCE if d.collective is Collective.REDUCESCATTER else Op.COPY
         cols.append(np.column_stack([np.full(len(rows), t), rows[:, 0], ranks[ints[:, 0]],
-                                     ranks[ints[:, 1]], ints[:, 2], ints[:, 3],
-                                     np.full(len(rows), int(op))]))
+                                     ranks[ints[:, 1]], ints[:, 2], ints[:, 3], ints[:, 4]]))
     table = np.concatenate(cols)
     step = np.unique(table[:, 1], return_inverse=True)[1].astype(np.int64)
     tenant, src, dst, chunk, count, op = table[:, [0, 2, 3, 4, 5, 6]].T.astype(np.int64)

@@ -8,9 +8,10 @@ soon as their reduction is complete. All tenants are matched jointly in each pha
 link is booked twice. Fabrics with switches are unwound into point-to-point links for a few
 degrees and the fastest result is kept. AllReduce tenants larger than ``large_tenant`` ranks
 on multi-GPU hosts get the rail-aligned hierarchical plan instead (``choreo.hierarchy``),
-whose schedule stays linear in the ranks where chunk matching would be quadratic. AllGather
-and ReduceScatter on such hosts also get the rail-aligned plan (``choreo.railgather``): the
-faster of it and the greedy result is kept, and above ``large_tenant`` ranks it alone.
+whose schedule stays linear in the ranks where chunk matching would be quadratic. AllGather,
+ReduceScatter and smaller AllReduce tenants on such hosts also get the rail-aligned plan
+(``choreo.railgather``): the faster of it and the greedy result is kept, and above
+``large_tenant`` ranks (AllGather and ReduceScatter) it alone.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class SynthOptions:
     relay: bool = True
     degrees: tuple[int, ...] | None = None
     large_tenant: int = LARGE_TENANT  # ranks above which AllReduce is planned hierarchically
-    rail_gather: bool = True  # also try the rail-aligned AllGather / ReduceScatter plan
+    rail_gather: bool = True  # also try the rail-aligned plan (choreo.railgather)
 
 
 def auto_chunks(topology: Topology, collective: Collective, size: int, n: int) -> int:

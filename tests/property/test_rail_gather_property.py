@@ -1,7 +1,7 @@
 """Random rail fabrics, tenants on some slots of every host, a GPU lost now and then: the
-AllGather or ReduceScatter that ``synthesize`` returns always verifies, is never faster than
-the bound, is never slower than the rail plan where that applies, and its program fits one
-ConfigMap per node and passes the MSCCL validator."""
+AllGather, ReduceScatter or AllReduce that ``synthesize`` returns always verifies, is never
+faster than the bound, is never slower than the rail plan where that applies, and its
+program fits one ConfigMap per node and passes the MSCCL validator."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from choreo.verify import verify
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(preset=st.sampled_from(["dgx-h100", "dgx-a100"]), hosts=st.integers(2, 6),
        slots=st.integers(2, 8), lost=st.booleans(),
-       collective=st.sampled_from([Collective.ALLGATHER, Collective.REDUCESCATTER]),
+       collective=st.sampled_from([Collective.ALLGATHER, Collective.REDUCESCATTER,
+                                   Collective.ALLREDUCE]),
        size_mib=st.sampled_from([16, 256, 1024]), seed=st.integers(0, 2**16))
 def test_gathers_on_rails(preset: str, hosts: int, slots: int, lost: bool,
                           collective: Collective, size_mib: int, seed: int) -> None:

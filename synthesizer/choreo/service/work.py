@@ -274,8 +274,11 @@ def _solve(work: Work, demands: list[Demand], rounds: int) -> Schedule:
     (a safety margin kept for evaluation and lowering) evenly among the rounds."""
     opts = work.options
     if opts.engine == "greedy":
-        return synthesize(work.fabric, demands, SynthOptions(restarts=opts.restarts,
-                                                             seed=opts.seed, relay=False))
+        # Several MSCCL instances split every transfer's chunk: the rail plan's transfers
+        # move chunk ranges, which the lowering then refuses.
+        return synthesize(work.fabric, demands, SynthOptions(
+            restarts=opts.restarts, seed=opts.seed, relay=False,
+            rail_gather=opts.instances == 1))
     from choreo.portfolio import PortfolioOptions, solve
 
     budget = 0.6 * opts.engine_seconds / rounds
