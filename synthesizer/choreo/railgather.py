@@ -251,13 +251,20 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     m1, h1 = mates - 1, hosts - 1
     f = max(0.0, (m1 * b * (1 + h1) - h1 * a) / (h1 * m1 * (a + b)))
     best: tuple[float, Shape] = (float("inf"), Shape(1, 0, 0))
+    seen: set[tuple[object, ...]] = set()  # tails that cut the same pieces are one candidate
     for c in choices:
         relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)}
         for r in sorted(relays):
             for split in (k for k in SPLITS if k <= c - r):
                 for tail, taper, rounds in TAILS:
+                    cut = Shape(c, r, tail, split, False, taper, rounds)
+                    lo, hi = cut.pieces[-1]
+                    key = (c, r, split, tuple(cut.rail_units(hosts, lo, hi)))
+                    if key in seen:
+                        continue
+                    seen.add(key)
                     for late in (False, True) if reduced and not r and split > 1 else (False,):
-                        shape = Shape(c, r, tail, split, late, taper, rounds)
+                        shape = replace(cut, late=late)
                         end = estimate(shape, mates, hosts, shard, host, rail, reduced,
                                        record=False).end
                         if end < best[0] * (1 - 1e-9):
