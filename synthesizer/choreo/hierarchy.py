@@ -47,6 +47,23 @@ RAMPS = (2, 3)  # slice growth ratios tried at both ends of the pipeline
 CAPS = (1, 2, 3, 4, 8, 9)  # largest slice weights tried (1: equal slices)
 
 
+def busiest_host_steps(schedule: Schedule) -> int:
+    """MSCCL steps of the busiest host's ranks, at most: a send and its receive are a step
+    each per ``MAX_CNT`` chunks of the range (the budget ``MAX_HOST_STEPS`` keeps a node's
+    file within one ConfigMap). Hosts are the ``host/`` prefixes of the NPU names."""
+    if not len(schedule):
+        return 0
+    names = schedule.fabric.names
+    host_ids: dict[str, int] = {}
+    host = np.array([host_ids.setdefault(names[v].split("/", 1)[0], len(host_ids))
+                     for v in range(len(names))])
+    steps = np.ceil(schedule.count / MAX_CNT)
+    per_host = np.zeros(len(host_ids))
+    np.add.at(per_host, host[schedule.src], steps)
+    np.add.at(per_host, host[schedule.dst], steps)
+    return int(per_host.max())
+
+
 def hosts_of(fabric: Topology, ranks: Sequence[int]) -> list[list[tuple[int, int]]] | None:
     """Per host (in order of first rank), its ranks as (slot, rank index) sorted by slot; the
     slot is the GPU's position among all of its host's NPUs (``host/...`` names), failed ones

@@ -28,7 +28,13 @@ import psutil
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError, InputError
-from choreo.hierarchy import LARGE_TENANT, applies, hierarchical
+from choreo.hierarchy import (
+    LARGE_TENANT,
+    MAX_HOST_STEPS,
+    applies,
+    busiest_host_steps,
+    hierarchical,
+)
 from choreo.railgather import layout, rail_gather
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
@@ -144,7 +150,9 @@ def synthesize(
     if not railed:
         return best
     rail = rail_gather(fabric, demands, opts.relay)  # its times are the simulator's already
-    return rail if rail.makespan < simulate(best).makespan else best
+    # The faster of the two whose node files fit a ConfigMap (the faster where neither does).
+    fits = [s for s in (rail, best) if busiest_host_steps(s) <= MAX_HOST_STEPS] or [rail, best]
+    return min(fits, key=lambda s: simulate(s).makespan if s is best else s.makespan)
 
 
 _VIEWS: OrderedDict[Hashable, list[Topology]] = OrderedDict()

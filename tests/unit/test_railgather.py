@@ -13,9 +13,10 @@ from choreo import cli
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
-from choreo.hierarchy import Hop
+from choreo.hierarchy import Hop, busiest_host_steps
 from choreo.msccl import interpret
 from choreo.msccl.api import to_xml
+from choreo.msccl.split import split_per_node
 from choreo.railgather import Shape, estimate, layout, rail_gather
 from choreo.schedule import Op
 from choreo.simulate import simulate
@@ -153,3 +154,11 @@ def test_several_msccl_instances_get_the_greedy_schedule(tmp_path: Path) -> None
             "--msccl-out", str(out), "--instances", "2", "-o", str(tmp_path / "run")]
     assert cli.main(argv) == 0  # the rail plan's ranged transfers cannot be split in two
     assert any(out.iterdir())
+
+
+def test_the_step_estimate_follows_the_lowered_node_files() -> None:
+    fabric, demand = _demand("dgx-h100-4", Collective.ALLREDUCE)
+    s = rail_gather(fabric, [demand])
+    files = split_per_node(to_xml(s, 0), [fabric.names[r].split("/")[0] for r in demand.ranks])
+    steps = max(text.count("<step") for text in files.values())
+    assert abs(busiest_host_steps(s) - steps) <= 0.07 * steps
