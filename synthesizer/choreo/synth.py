@@ -150,8 +150,11 @@ def synthesize(
     if not railed:
         return best
     rail = rail_gather(fabric, demands, opts.relay)  # its times are the simulator's already
-    # The faster of the two whose node files fit a ConfigMap (the faster where neither does).
-    fits = [s for s in (rail, best) if busiest_host_steps(s) <= MAX_HOST_STEPS] or [rail, best]
+    # The faster of the two whose node files fit a ConfigMap, else the smaller files.
+    steps = {id(s): busiest_host_steps(s) for s in (rail, best)}
+    fits = [s for s in (rail, best) if steps[id(s)] <= MAX_HOST_STEPS]
+    if not fits:
+        return min((rail, best), key=lambda s: steps[id(s)])
     return min(fits, key=lambda s: simulate(s).makespan if s is best else s.makespan)
 
 
