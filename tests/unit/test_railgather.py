@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import choreo.railgather as railgather
+import choreo.synth as synth
 from choreo import cli
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
@@ -162,3 +163,16 @@ def test_the_step_estimate_follows_the_lowered_node_files() -> None:
     files = split_per_node(to_xml(s, 0), [fabric.names[r].split("/")[0] for r in demand.ranks])
     steps = max(text.count("<step") for text in files.values())
     assert abs(busiest_host_steps(s) - steps) <= 0.07 * steps
+
+
+def test_where_no_node_file_would_fit_the_smaller_files_are_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fabric, demand = _demand("dgx-h100-4", Collective.ALLREDUCE, 256 << 20)
+    opts = SynthOptions(relay=False)
+    rail = rail_gather(fabric, [demand])
+    greedy = synthesize(fabric, [demand], SynthOptions(relay=False, rail_gather=False))
+    assert synthesize(fabric, [demand], opts).engine == railgather.ENGINE  # faster, and fits
+    monkeypatch.setattr(synth, "MAX_HOST_STEPS", 1)
+    kept = synthesize(fabric, [demand], opts)
+    fewer = min((rail, greedy), key=busiest_host_steps)
+    assert kept.engine == fewer.engine and busiest_host_steps(kept) == busiest_host_steps(fewer)
