@@ -37,7 +37,7 @@ import numpy as np
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.hierarchy import Hop, hosts_of
-from choreo.routing import circuits, timed_plan
+from choreo.routing import route, timed_plan
 from choreo.schedule import Op, Schedule
 from choreo.topology import Topology
 
@@ -102,21 +102,12 @@ def _ports(fabric: Topology, v: int) -> tuple[int, int] | None:
     return inside[0], outside[0]
 
 
-def _circuit(fabric: Topology, ports: dict[int, tuple[int, int]], a: int, b: int
-             ) -> tuple[int, int]:
-    """The two links of a send from NPU ``a`` to ``b`` through the switch they share (their
-    host's or their rail's, from ``ports``, which ``layout`` has checked)."""
-    pa, pb = ports[a], ports[b]
-    sw = pa[0] if pa[0] == pb[0] else pa[1]
-    up = next(k for k in fabric.out_links(a) if fabric.links[k].dst == sw and fabric.usable(k))
-    down = next(k for k in fabric.in_links(b) if fabric.links[k].src == sw and fabric.usable(k))
-    return up, down
-
-
-def _hop(fabric: Topology, ports: dict[int, tuple[int, int]], a: int, b: int) -> Hop:
-    """Cost of a send from ``a`` to ``b`` on its circuit (as ``choreo.routing.circuits``)."""
-    links = [fabric.links[k] for k in _circuit(fabric, ports, a, b)]
-    return Hop(sum(lk.alpha for lk in links), 1.0 / min(lk.bandwidth for lk in links))
+def _hops(fabric: Topology, host_pair: tuple[int, int], rail_pair: tuple[int, int],
+          nbytes: float) -> tuple[Hop, Hop]:
+    """Cost of a send between host mates and of one along a rail, on their routes."""
+    topo, chosen = route(fabric, {host_pair, rail_pair}, nbytes, transit=False)
+    hops = [topo.links[chosen[pair]] for pair in (host_pair, rail_pair)]
+    return Hop(hops[0].alpha, 1 / hops[0].bandwidth), Hop(hops[1].alpha, 1 / hops[1].bandwidth)
 
 
 @dataclass(frozen=True)
@@ -296,12 +287,11 @@ def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: 
 
 def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False) -> Schedule:
     """Every demand's rail-aligned plan, routed on ``fabric`` and simulated jointly (tenants
-    that share links delay each other as the simulator says). Every send takes its two hops
-    through the switch its ranks share, never the cheapest path: where a rail link is slow
-    that is a detour through other GPUs and rails, whose links the plan counts as free, so
-    no rank relays another's data whatever ``relay`` says."""
+    that share links delay each other as the simulator says). Sends go through switches,
+    never through another GPU (``Router``'s ``transit``): where a rail link is slow the
+    cheapest path is otherwise a detour through other GPUs and rails, on links the plan
+    counts as free. So no rank relays another's data whatever ``relay`` says."""
     planned: list[Demand] = []
-    ports: dict[int, tuple[int, int]] = {}
     shapes: list[dict[str, object]] = []
     cols: list[np.ndarray] = []
     for t, d in enumerate(demands):
@@ -309,10 +299,9 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False
         if hosts is None:
             raise InputError(f"tenants[{t}]: the rail plan needs an AllGather, ReduceScatter or "
                              "AllReduce over several hosts alike, every rank on a rail")
-        ports.update((v, p) for v in d.ranks if (p := _ports(fabric, v)) is not None)
         first, second, across = (d.ranks[hosts[0][0]], d.ranks[hosts[0][1]],
                                  d.ranks[hosts[1][0]])
-        host, rail = _hop(fabric, ports, first, second), _hop(fabric, ports, first, across)
+        host, rail = _hops(fabric, (first, second), (first, across), d.size / d.n)
         mates, nh, shard = len(hosts[0]), len(hosts), d.size / d.n
         if d.collective is Collective.ALLREDUCE:  # its ReduceScatter, then its AllGather
             phases = [[(True, search(mates, nh, shard, host, rail, True, (c,))),
@@ -346,8 +335,6 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False
     step = np.unique(table[:, 1], return_inverse=True)[1].astype(np.int64)
     tenant, src, dst, chunk, count, op = table[:, [0, 2, 3, 4, 5, 6]].T.astype(np.int64)
     nbytes = max(d.size / d.n for d in planned)
-    pairs = set(zip(src.tolist(), dst.tolist(), strict=True))
-    routed = circuits(fabric, {(a, b): _circuit(fabric, ports, a, b) for a, b in pairs})
     return timed_plan(fabric, fabric, tuple(planned), nbytes, tenant, step, src, dst, chunk,
                       op, count, engine=ENGINE, meta={"engine": ENGINE, "shapes": shapes},
-                      routed=routed)
+                      transit=False)

@@ -27,13 +27,19 @@ class Router:
     """Cheapest paths on the fabric's usable links for a given chunk size (Dijkstra; ties go
     to the first link found, so routes are reproducible)."""
 
-    def __init__(self, fabric: Topology, nbytes: float) -> None:
+    def __init__(self, fabric: Topology, nbytes: float, transit: bool = True) -> None:
+        """``transit=False``: no path passes through an NPU other than its ends (a fixed
+        algorithm's rank-to-rank send goes through switches, never through another GPU).
+        Each NPU then gets a sink copy at ``num_nodes + v`` that its in-links lead to."""
         self.fabric = fabric
         cost = [lk.alpha + nbytes / lk.bandwidth for lk in fabric.links]
+        n = fabric.num_nodes
+        self.sink = [v + n if not transit and fabric.is_npu(v) else v for v in range(n)]
         # Per node its usable out-links as (link, head, cost), in link order: one search per
         # source NPU, so the inner loop should touch nothing else.
-        self.adj = [[(i, fabric.links[i].dst, cost[i]) for i in fabric.out_links(v)
-                     if fabric.usable(i)] for v in range(fabric.num_nodes)]
+        self.adj = [[(i, self.sink[fabric.links[i].dst], cost[i]) for i in fabric.out_links(v)
+                     if fabric.usable(i)] for v in range(n)]
+        self.adj += [[] for _ in range(n if not transit else 0)]
         self._arrays: tuple[np.ndarray, ...] | None = None
 
     def search(self, src: int, targets: set[int]) -> tuple[list[int], list[int]]:
@@ -46,7 +52,7 @@ class Router:
         settled: list[int] = []
         dist[src] = 0.0
         heap = [(0.0, src)]
-        left = set(targets) - {src}
+        left = {self.sink[t] for t in targets} - {src}
         while heap and (left or not settled):
             d, v = heapq.heappop(heap)
             if done[v]:
@@ -75,7 +81,8 @@ class Router:
         lists = [list(dict.fromkeys(targets[a])) for a in sources]
         ptr = np.zeros(len(sources) + 1, dtype=np.int64)
         ptr[1:] = np.cumsum([len(bs) for bs in lists])
-        flat = np.fromiter((b for bs in lists for b in bs), dtype=np.int64, count=int(ptr[-1]))
+        flat = np.fromiter((self.sink[b] for bs in lists for b in bs), dtype=np.int64,
+                           count=int(ptr[-1]))
         try:
             path_ptr, path_links = choreo_engine.shortest_paths(
                 *self._csr(), np.asarray(sources, dtype=np.int64), ptr, flat)
@@ -105,7 +112,7 @@ class Router:
         for a, bs in targets.items():
             pred, _ = self.search(a, set(bs))
             for b in bs:
-                v = b
+                v = self.sink[b]
                 while v != a:
                     i = pred[v]
                     if i < 0:
@@ -116,22 +123,16 @@ class Router:
 
 
 def route(
-    fabric: Topology, pairs: Iterable[tuple[int, int]], nbytes: float
+    fabric: Topology, pairs: Iterable[tuple[int, int]], nbytes: float, transit: bool = True
 ) -> tuple[Topology, dict[tuple[int, int], int]]:
     """A routing topology (the fabric's links at their own indices, then one circuit per
-    multi-hop pair) and the link each (src NPU, dst NPU) pair uses."""
-    router = Router(fabric, nbytes)
+    multi-hop pair) and the link each (src NPU, dst NPU) pair uses; ``transit`` as in
+    ``Router``."""
+    router = Router(fabric, nbytes, transit)
     targets: dict[int, list[int]] = {}
     for a, b in sorted(set(pairs)):
         targets.setdefault(a, []).append(b)
-    return circuits(fabric, router.paths_from(targets))
-
-
-def circuits(fabric: Topology, paths: dict[tuple[int, int], tuple[int, ...]]
-             ) -> tuple[Topology, dict[tuple[int, int], int]]:
-    """The routing topology of given paths (fabric link ids per (src NPU, dst NPU) pair): a
-    one-link path is that link, a longer one a circuit holding every link on it, with the
-    sum of their alphas and the slowest one's bandwidth."""
+    paths = router.paths_from(targets)
     links = list(fabric.links)
     chosen: dict[tuple[int, int], int] = {}
     for (a, b), path in sorted(paths.items()):
@@ -175,14 +176,13 @@ def pair_links(
 def timed_plan(fabric: Topology, view: Topology, demands: tuple[Demand, ...], nbytes: float,
                tenant: np.ndarray, step: np.ndarray, src: np.ndarray, dst: np.ndarray,
                chunk: np.ndarray, op: np.ndarray, count: np.ndarray | None = None, *,
-               engine: str, meta: dict[str, object],
-               routed: tuple[Topology, dict[tuple[int, int], int]] | None = None) -> Schedule:
+               engine: str, meta: dict[str, object], transit: bool = True) -> Schedule:
     """A fixed algorithm's sends (NPU to NPU, tagged with their step) routed on ``view`` (the
-    fabric or a tenant's restriction of it), or on the given ``routed`` circuits, and timed
-    by the congestion simulator: step ``k`` is planned at ``[k, k + 0.5)`` and the schedule
-    carries what the simulator says runs."""
-    topo, chosen = routed or route(view, set(zip(src.tolist(), dst.tolist(), strict=True)),
-                                   nbytes)
+    fabric or a tenant's restriction of it; ``transit`` as in ``Router``) and timed by the
+    congestion simulator: step ``k`` is planned at ``[k, k + 0.5)`` and the schedule carries
+    what the simulator says runs."""
+    topo, chosen = route(view, set(zip(src.tolist(), dst.tolist(), strict=True)), nbytes,
+                         transit)
     planned = Schedule(
         fabric, topo, demands, tenant, chunk, src, dst, pair_links(chosen, src, dst),
         step.astype(float), step + 0.5, op, engine=engine,
