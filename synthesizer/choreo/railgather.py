@@ -37,9 +37,9 @@ import numpy as np
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.hierarchy import Hop, hosts_of
-from choreo.routing import route, timed_plan
+from choreo.routing import timed_plan
 from choreo.schedule import Op, Schedule
-from choreo.topology import Topology
+from choreo.topology import Link, Topology
 
 ENGINE = "rail-gather"
 GATHERS = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
@@ -102,12 +102,21 @@ def _ports(fabric: Topology, v: int) -> tuple[int, int] | None:
     return inside[0], outside[0]
 
 
-def _hops(fabric: Topology, host_pair: tuple[int, int], rail_pair: tuple[int, int],
-          nbytes: float) -> tuple[Hop, Hop]:
-    """Cost of a send between host mates and of one along a rail, on their routes."""
-    topo, chosen = route(fabric, {host_pair, rail_pair}, nbytes, transit=False)
-    hops = [topo.links[chosen[pair]] for pair in (host_pair, rail_pair)]
-    return Hop(hops[0].alpha, 1 / hops[0].bandwidth), Hop(hops[1].alpha, 1 / hops[1].bandwidth)
+def _hops(fabric: Topology, ranks: Sequence[int]) -> tuple[Hop, Hop]:
+    """Cost of a send between host mates and of one along a rail, at the slowest of the
+    ranks' links (measured rates differ link to link; the plan's rounds go at the pace of the
+    slowest, as the greedy engine plans near-equal links at the slowest of them)."""
+    host: list[Link] = []
+    rail: list[Link] = []
+    for v in ranks:
+        ports = _ports(fabric, v)
+        assert ports is not None  # ``layout`` has checked
+        for k in (*fabric.out_links(v), *fabric.in_links(v)):
+            link = fabric.links[k]
+            if fabric.usable(k):
+                (host if ports[0] in (link.src, link.dst) else rail).append(link)
+    return tuple(Hop(2 * max(lk.alpha for lk in links),  # type: ignore[return-value]
+                     1 / min(lk.bandwidth for lk in links)) for links in (host, rail))
 
 
 @dataclass(frozen=True)
@@ -299,9 +308,7 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False
         if hosts is None:
             raise InputError(f"tenants[{t}]: the rail plan needs an AllGather, ReduceScatter or "
                              "AllReduce over several hosts alike, every rank on a rail")
-        first, second, across = (d.ranks[hosts[0][0]], d.ranks[hosts[0][1]],
-                                 d.ranks[hosts[1][0]])
-        host, rail = _hops(fabric, (first, second), (first, across), d.size / d.n)
+        host, rail = _hops(fabric, d.ranks)
         mates, nh, shard = len(hosts[0]), len(hosts), d.size / d.n
         if d.collective is Collective.ALLREDUCE:  # its ReduceScatter, then its AllGather
             phases = [[(True, search(mates, nh, shard, host, rail, True, (c,))),
