@@ -13,8 +13,8 @@ Per shard of ``chunks`` chunks, rank ``(h, u)`` (host ``h``, slot ``u``):
 
 * sends its shard over NVSwitch to every mate, the relayed chunks first;
 * sends its whole shard on rail ``u`` to ``(h', u)`` on every other host ``h'`` (rotating,
-  so every NIC receives from one peer at a time; the last rounds in halving pieces where
-  nothing follows them, so the mates' copies of the last arrivals start early);
+  so every NIC receives from one peer at a time; the last rounds in pieces that shrink
+  towards the end, so the mates' copies of the last arrivals end soon after them);
 * forwards the unrelayed chunks of each shard that arrives on its rail to its mates;
 * sends the relayed chunks of its mates' shards on its rail to every other host, last: they
   end where they land, so they fill the NICs while the NVSwitch ports drain.
@@ -115,8 +115,10 @@ def _hops(fabric: Topology, ranks: Sequence[int]) -> tuple[Hop, Hop]:
             link = fabric.links[k]
             if fabric.usable(k):
                 (host if ports[0] in (link.src, link.dst) else rail).append(link)
-    return tuple(Hop(2 * max(lk.alpha for lk in links),  # type: ignore[return-value]
-                     1 / min(lk.bandwidth for lk in links)) for links in (host, rail))
+    def slowest(links: list[Link]) -> Hop:  # a send's circuit holds a link up and one down
+        return Hop(2 * max(lk.alpha for lk in links), 1 / min(lk.bandwidth for lk in links))
+
+    return slowest(host), slowest(rail)
 
 
 @dataclass(frozen=True)
@@ -125,9 +127,8 @@ class Shape:
     rail; the own shard leaves on the rail in pieces (the relayed chunks, then the rest in
     ``split`` parts), and the last rail rounds of the last piece in pieces that shrink by
     ``taper`` down to ``tail`` chunks (in each of the last ``rounds`` rounds, or across
-    rounds where that is 0). In a ReduceScatter (the plan inverted) a piece goes
-    to the mates before it
-    leaves on the rail, or where ``late`` (all but the last piece) after it has left."""
+    rounds where that is 0). In a ReduceScatter (the plan inverted) a piece goes to the
+    mates before it leaves on the rail, or where ``late`` (all but the last piece) after."""
 
     chunks: int
     relay: int
@@ -294,12 +295,12 @@ def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: 
     return np.asarray(rows, dtype=np.float64).reshape(-1, 6)
 
 
-def rail_gather(fabric: Topology, demands: Sequence[Demand], relay: bool = False) -> Schedule:
+def rail_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule:
     """Every demand's rail-aligned plan, routed on ``fabric`` and simulated jointly (tenants
     that share links delay each other as the simulator says). Sends go through switches,
-    never through another GPU (``Router``'s ``transit``): where a rail link is slow the
-    cheapest path is otherwise a detour through other GPUs and rails, on links the plan
-    counts as free. So no rank relays another's data whatever ``relay`` says."""
+    never through another GPU (``Router``'s ``transit``), so no rank relays another's data:
+    where a rail link is slow the cheapest path is otherwise a detour through other GPUs
+    and rails, on links the plan counts as free."""
     planned: list[Demand] = []
     shapes: list[dict[str, object]] = []
     cols: list[np.ndarray] = []

@@ -141,7 +141,7 @@ def synthesize(
     check_fits(demands)
     railed = opts.rail_gather and all(layout(fabric, d) is not None for d in demands)
     if railed and any(d.n > opts.large_tenant for d in demands):
-        return rail_gather(fabric, demands, opts.relay)
+        return rail_gather(fabric, demands)
     views = _logical_views(fabric, demands, opts)
     # The engine releases the GIL, so the unwinding candidates run side by side.
     with ThreadPoolExecutor(max_workers=min(len(views), os.cpu_count() or 1)) as pool:
@@ -149,7 +149,7 @@ def synthesize(
     best = min(results, key=lambda s: s.makespan)
     if not railed:
         return best
-    rail = rail_gather(fabric, demands, opts.relay)  # its times are the simulator's already
+    rail = rail_gather(fabric, demands)  # its times are the simulator's already
     # The faster of the two whose node files fit a ConfigMap, else the smaller files.
     steps = {id(s): busiest_host_steps(s) for s in (rail, best)}
     fits = [s for s in (rail, best) if steps[id(s)] <= MAX_HOST_STEPS]
