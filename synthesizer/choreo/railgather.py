@@ -295,6 +295,43 @@ def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: 
     return np.asarray(rows, dtype=np.float64).reshape(-1, 6)
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """One demand's plan before it is laid out: its hosts, port costs, phases (reduced or
+    not, and the shape) and their estimated total time."""
+
+    hosts: list[list[int]]
+    host: Hop
+    rail: Hop
+    phases: list[tuple[bool, Shape]]
+    estimate: float
+
+
+def _shape(fabric: Topology, t: int, d: Demand) -> _Planned:
+    hosts = layout(fabric, d)
+    if hosts is None:
+        raise InputError(f"tenants[{t}]: the rail plan needs an AllGather, ReduceScatter or "
+                         "AllReduce over several hosts alike, every rank on a rail")
+    host, rail = _hops(fabric, d.ranks)
+    mates, nh, shard = len(hosts[0]), len(hosts), d.size / d.n
+    if d.collective is Collective.ALLREDUCE:  # its ReduceScatter, then its AllGather
+        pairs = [[(True, search(mates, nh, shard, host, rail, True, (c,))),
+                  (False, search(mates, nh, shard, host, rail, False, (c,)))]
+                 for c in CHUNK_CHOICES]
+        best = min(pairs, key=lambda ph: ph[0][1][0] + ph[1][1][0])
+    else:
+        reduced = d.collective is Collective.REDUCESCATTER
+        best = [(reduced, search(mates, nh, shard, host, rail, reduced))]
+    return _Planned(hosts, host, rail, [(reduced, found[1]) for reduced, found in best],
+                    sum(found[0] for _, found in best))
+
+
+def estimated(fabric: Topology, demands: Sequence[Demand]) -> float:
+    """The plan's estimated time, each demand alone (the slowest; sharing links can only
+    add to it): what ``synthesize`` compares before laying the plan out."""
+    return max(_shape(fabric, t, d).estimate for t, d in enumerate(demands))
+
+
 def rail_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule:
     """Every demand's rail-aligned plan, routed on ``fabric`` and simulated jointly (tenants
     that share links delay each other as the simulator says). Sends go through switches,
@@ -305,27 +342,13 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule:
     shapes: list[dict[str, object]] = []
     cols: list[np.ndarray] = []
     for t, d in enumerate(demands):
-        hosts = layout(fabric, d)
-        if hosts is None:
-            raise InputError(f"tenants[{t}]: the rail plan needs an AllGather, ReduceScatter or "
-                             "AllReduce over several hosts alike, every rank on a rail")
-        host, rail = _hops(fabric, d.ranks)
-        mates, nh, shard = len(hosts[0]), len(hosts), d.size / d.n
-        if d.collective is Collective.ALLREDUCE:  # its ReduceScatter, then its AllGather
-            phases = [[(True, search(mates, nh, shard, host, rail, True, (c,))),
-                       (False, search(mates, nh, shard, host, rail, False, (c,)))]
-                      for c in CHUNK_CHOICES]
-            best = min(phases, key=lambda ph: ph[0][1][0] + ph[1][1][0])
-            kinds = [(reduced, found[1]) for reduced, found in best]
-        else:
-            reduced = d.collective is Collective.REDUCESCATTER
-            kinds = [(reduced, search(mates, nh, shard, host, rail, reduced)[1])]
-        d = replace(d, chunks=kinds[0][1].chunks)
+        p = _shape(fabric, t, d)
+        d = replace(d, chunks=p.phases[0][1].chunks)
         planned.append(d)
-        shapes.append({"phases": [asdict(shape) for _, shape in kinds]})
+        shapes.append({"phases": [asdict(shape) for _, shape in p.phases]})
         parts, offset = [], 0.0
-        for reduced, shape in kinds:
-            rows = plan(d, hosts, shape, host, rail, reduced)
+        for reduced, shape in p.phases:
+            rows = plan(d, p.hosts, shape, p.host, p.rail, reduced)
             end = float((rows[:, 0] + rows[:, 1]).max())
             if reduced:  # the AllGather reversed and inverted in time
                 rows = np.column_stack([end - rows[:, 0] - rows[:, 1], rows[:, 1], rows[:, 3],

@@ -176,3 +176,14 @@ def test_where_no_node_file_would_fit_the_smaller_files_are_kept(
     kept = synthesize(fabric, [demand], opts)
     fewer = min((rail, greedy), key=busiest_host_steps)
     assert kept.engine == fewer.engine and busiest_host_steps(kept) == busiest_host_steps(fewer)
+
+
+def test_the_plan_is_laid_out_only_where_its_estimate_may_win(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fabric, demand = _demand("dgx-h100-4", Collective.ALLREDUCE, 256 << 20)
+    est = railgather.estimated(fabric, [demand])
+    assert est == pytest.approx(rail_gather(fabric, [demand]).makespan, rel=0.02)
+    opts = SynthOptions(relay=False)
+    assert synthesize(fabric, [demand], opts).engine == railgather.ENGINE
+    monkeypatch.setattr(synth, "RAIL_MARGIN", 0.5)  # as if greedy were twice as fast
+    assert synthesize(fabric, [demand], opts).engine == "greedy"
