@@ -36,7 +36,7 @@ import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
-from choreo.hierarchy import Hop, hosts_of
+from choreo.hierarchy import MAX_HOST_STEPS, Hop, hosts_of
 from choreo.routing import timed_plan
 from choreo.schedule import Op, Schedule
 from choreo.topology import Link, Topology
@@ -178,6 +178,7 @@ class _Estimate:
     nvl: list[tuple[float, int, int, int, int]]
     nic: list[tuple[float, int, int, int, int]]
     end: float
+    sends: int  # of one GPU: each is an MSCCL step at both ends (ranges stay within MAX_CNT)
 
 
 def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail: Hop,
@@ -223,17 +224,19 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             u = max(u, copied[turn])
             nic.append((u, k, 0, shape.relay, turn))
             u += rail.time(shape.relay * cb)
+    copies = len(nvl)
     for at, k, lo, hi in sorted(arrivals):  # forward the unrelayed part of what came
         if hi <= lo:
             continue
         t = max(t, at)
+        copies += mates - 1
         if not record:
             t += (mates - 1) * host.time((hi - lo) * cb)
             continue
         for turn in range(1, mates):
             nvl.append((t, turn, lo, hi, -k))
             t += host.time((hi - lo) * cb)
-    return _Estimate(nvl, nic, max(t, u))
+    return _Estimate(nvl, nic, max(t, u), copies + len(nic))
 
 
 def best_shape(mates: int, hosts: int, size: float, n: int, host: Hop, rail: Hop,
@@ -243,15 +246,19 @@ def best_shape(mates: int, hosts: int, size: float, n: int, host: Hop, rail: Hop
 
 
 def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: bool,
-           choices: Sequence[int] = CHUNK_CHOICES) -> tuple[float, Shape]:
-    """The earliest estimated end and its shape, over ``choices`` of chunks per shard. The
-    relayed share ``f`` balances the two ports: a GPU takes
+           choices: Sequence[int] = CHUNK_CHOICES, steps: int = MAX_HOST_STEPS
+           ) -> tuple[float, Shape]:
+    """The earliest estimated end and its shape, over ``choices`` of chunks per shard, among
+    shapes whose node files take at most ``steps`` MSCCL steps (every GPU's sends, a step at
+    each end; the earliest of all where none does). The relayed share ``f`` balances the
+    two ports: a GPU takes
     ``(hosts - 1) * (1 + (mates - 1) * f)`` shards on its NIC and
     ``(mates - 1) * (1 + (1 - f) * (hosts - 1))`` over NVSwitch."""
     a, b = rail.beta, host.beta
     m1, h1 = mates - 1, hosts - 1
     f = max(0.0, (m1 * b * (1 + h1) - h1 * a) / (h1 * m1 * (a + b)))
     best: tuple[float, Shape] = (float("inf"), Shape(1, 0, 0))
+    fitting: tuple[float, Shape] | None = None
     seen: set[tuple[object, ...]] = set()  # tails that cut the same pieces are one candidate
     for c in choices:
         relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)}
@@ -266,11 +273,14 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
                     seen.add(key)
                     for late in (False, True) if reduced and not r and split > 1 else (False,):
                         shape = replace(cut, late=late)
-                        end = estimate(shape, mates, hosts, shard, host, rail, reduced,
-                                       record=False).end
-                        if end < best[0] * (1 - 1e-9):
-                            best = (end, shape)
-    return best
+                        est = estimate(shape, mates, hosts, shard, host, rail, reduced,
+                                       record=False)
+                        if est.end < best[0] * (1 - 1e-9):
+                            best = (est.end, shape)
+                        if 2 * mates * est.sends <= steps and (
+                                fitting is None or est.end < fitting[0] * (1 - 1e-9)):
+                            fitting = (est.end, shape)
+    return fitting or best
 
 
 def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: Hop,
@@ -315,9 +325,18 @@ def _shape(fabric: Topology, t: int, d: Demand) -> _Planned:
     host, rail = _hops(fabric, d.ranks)
     mates, nh, shard = len(hosts[0]), len(hosts), d.size / d.n
     if d.collective is Collective.ALLREDUCE:  # its ReduceScatter, then its AllGather
-        pairs = [[(True, search(mates, nh, shard, host, rail, True, (c,))),
-                  (False, search(mates, nh, shard, host, rail, False, (c,)))]
-                 for c in CHUNK_CHOICES]
+        def phases(c: int) -> list[tuple[bool, tuple[float, Shape]]]:
+            """Both phases with chunks ``c``, in one node file: each within half the budget
+            where the best of each would not fit together."""
+            found = [(r, search(mates, nh, shard, host, rail, r, (c,))) for r in (True, False)]
+            steps = sum(2 * mates * estimate(shape, mates, nh, shard, host, rail, r,
+                                             record=False).sends for r, (_, shape) in found)
+            if steps <= MAX_HOST_STEPS:
+                return found
+            return [(r, search(mates, nh, shard, host, rail, r, (c,), MAX_HOST_STEPS // 2))
+                    for r in (True, False)]
+
+        pairs = [phases(c) for c in CHUNK_CHOICES]
         best = min(pairs, key=lambda ph: ph[0][1][0] + ph[1][1][0])
     else:
         reduced = d.collective is Collective.REDUCESCATTER

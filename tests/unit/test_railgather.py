@@ -14,7 +14,7 @@ from choreo import cli
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
-from choreo.hierarchy import Hop, busiest_host_steps
+from choreo.hierarchy import MAX_HOST_STEPS, Hop, busiest_host_steps
 from choreo.msccl import interpret
 from choreo.msccl.api import to_xml
 from choreo.msccl.split import split_per_node
@@ -187,3 +187,10 @@ def test_the_plan_is_laid_out_only_where_its_estimate_may_win(
     assert synthesize(fabric, [demand], opts).engine == railgather.ENGINE
     monkeypatch.setattr(synth, "RAIL_MARGIN", 0.5)  # as if greedy were twice as fast
     assert synthesize(fabric, [demand], opts).engine == "greedy"
+
+
+def test_the_shapes_keep_node_files_within_a_configmap_where_they_can() -> None:
+    fabric, demand = _demand("dgx-h100-16", Collective.ALLREDUCE)
+    s = rail_gather(fabric, [demand])
+    assert busiest_host_steps(s) <= MAX_HOST_STEPS  # the fastest shapes would need 9,152
+    assert verify(s).ok
