@@ -2,12 +2,20 @@
 for routing (which ``choreo.nccl.loads`` still uses for its settle order)."""
 
 import random
+from collections.abc import Callable
 
 import pytest
 
+from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.generators import build
-from choreo.routing import Router
+from choreo.hierarchy import hierarchical
+from choreo.railgather import rail_gather
+from choreo.routing import Router, route
+from choreo.schedule import Schedule
+from choreo.topology import Topology
+from choreo.transforms import degrade_link
+from choreo.verify import verify
 
 
 def _python_path(router: Router, a: int, b: int) -> tuple[int, ...]:
@@ -41,3 +49,21 @@ def test_an_unreachable_target_names_both_ends() -> None:
                                            if {lk.src, lk.dst} in ({0, 1}, {2, 3})])
     with pytest.raises(InputError, match="no usable path from"):
         Router(cut, 1024).paths_from({0: [1, 3], 1: [2]})
+
+
+@pytest.mark.parametrize(("plan", "collective"), [
+    (hierarchical, Collective.ALLREDUCE),
+    (rail_gather, Collective.ALLGATHER),
+])
+def test_fixed_plans_keep_sends_off_other_gpus_when_a_rail_link_is_slow(
+        plan: Callable[[Topology, list[Demand]], Schedule], collective: Collective) -> None:
+    fabric = build("dgx-h100-3")
+    gpu, rail = fabric.names.index("node0/gpu2"), fabric.names.index("sw-rail2")
+    slow = degrade_link(fabric, (gpu, rail), 0.5)  # the cheapest path detours via rail 5
+    assert len(route(slow, {(gpu, fabric.names.index("node1/gpu2"))}, 1 << 26)[0].links[-1]
+               .via) == 6
+    s = plan(slow, [Demand(collective, tuple(slow.npus), 256 << 20, 1)])
+    assert verify(s).ok
+    for k in set(s.link.tolist()):
+        hops = s.topology.links[k].via
+        assert len(hops) == 2 and not slow.is_npu(slow.links[hops[0]].dst)
