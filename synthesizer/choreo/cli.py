@@ -156,16 +156,16 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     with progress() as step:
         step(f"synthesizing on {fabric.name}")
         started = time.perf_counter()
+        # Several MSCCL instances need single-chunk transfers (the rail plan moves ranges).
+        rail = getattr(args, "instances", 1) == 1
         if args.engine == "greedy":
-            # Several MSCCL instances need single-chunk transfers (the rail plan moves ranges).
             sched = synthesize(fabric, demands, SynthOptions(
-                restarts=args.restarts, seed=args.seed, relay=relay,
-                rail_gather=getattr(args, "instances", 1) == 1))
+                restarts=args.restarts, seed=args.seed, relay=relay, rail_gather=rail))
         else:
             from choreo.portfolio import PortfolioOptions, solve
 
-            sched = solve(fabric, demands, args.engine, args.deadline,
-                          PortfolioOptions(restarts=args.restarts, seed=args.seed, relay=relay))
+            sched = solve(fabric, demands, args.engine, args.deadline, PortfolioOptions(
+                restarts=args.restarts, seed=args.seed, relay=relay, rail_gather=rail))
         seconds = time.perf_counter() - started
         sched.meta["synthesis_seconds"] = seconds
         ev = evaluate(sched, baselines=not args.no_baselines, step=step)

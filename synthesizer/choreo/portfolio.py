@@ -41,6 +41,7 @@ class PortfolioOptions:
     restarts: int = 4
     seed: int = 0
     relay: bool = True
+    rail_gather: bool = True  # as SynthOptions: off where transfers must move one chunk
     threads: int = 1
     seeds: int = 3
     chunk_factors: tuple[float, ...] = (2.0, 0.5)
@@ -101,7 +102,8 @@ def solve(fabric: Topology, demands: Sequence[Demand], engine: str = "auto",
         runs.append(cand)
         return cand
 
-    greedy_opts = SynthOptions(restarts=opts.restarts, seed=opts.seed, relay=opts.relay)
+    greedy_opts = SynthOptions(restarts=opts.restarts, seed=opts.seed, relay=opts.relay,
+                               rail_gather=opts.rail_gather)
     if engine in ("greedy", "auto"):
         first = run("greedy", "given", lambda: synthesize(fabric, demands, greedy_opts))
         if engine == "auto":

@@ -137,10 +137,14 @@ def test_allreduce_is_the_reducescatter_then_the_allgather_of_one_chunking() -> 
     assert s.makespan <= sum(alone) * 1.01
 
 
-def test_several_msccl_instances_get_the_greedy_schedule(tmp_path: Path) -> None:
-    out = tmp_path / "files"
-    argv = ["synthesize", "-t", "dgx-h100-4", "-c", "allreduce", "-s", "256MiB", "--no-baselines",
-            "--msccl-out", str(out), "--instances", "2", "-o", str(tmp_path / "run")]
+@pytest.mark.parametrize(("engine", "collective"), [("greedy", "allreduce"),
+                                                    ("auto", "allgather")])
+def test_several_msccl_instances_get_the_greedy_schedule(tmp_path: Path, engine: str,
+                                                         collective: str) -> None:
+    out = tmp_path / "files"  # where the rail plan would win, as it does here without instances
+    argv = ["synthesize", "-t", "dgx-h100-4", "-c", collective, "-s", "256MiB", "--no-baselines",
+            "--msccl-out", str(out), "--instances", "2", "-o", str(tmp_path / "run"),
+            "--engine", engine, "--deadline", "3"]
     assert cli.main(argv) == 0  # the rail plan's ranged transfers cannot be split in two
     assert any(out.iterdir())
 

@@ -273,17 +273,17 @@ def _solve(work: Work, demands: list[Demand], rounds: int) -> Schedule:
     """Greedy directly; the other engines through the portfolio, sharing the time budget
     (a safety margin kept for evaluation and lowering) evenly among the rounds."""
     opts = work.options
+    # Several MSCCL instances split every transfer's chunk: the rail plan's transfers move
+    # chunk ranges, which the lowering then refuses.
+    rail = opts.instances == 1
     if opts.engine == "greedy":
-        # Several MSCCL instances split every transfer's chunk: the rail plan's transfers
-        # move chunk ranges, which the lowering then refuses.
         return synthesize(work.fabric, demands, SynthOptions(
-            restarts=opts.restarts, seed=opts.seed, relay=False,
-            rail_gather=opts.instances == 1))
+            restarts=opts.restarts, seed=opts.seed, relay=False, rail_gather=rail))
     from choreo.portfolio import PortfolioOptions, solve
 
     budget = 0.6 * opts.engine_seconds / rounds
-    return solve(work.fabric, demands, opts.engine, budget,
-                 PortfolioOptions(restarts=opts.restarts, seed=opts.seed, relay=False))
+    return solve(work.fabric, demands, opts.engine, budget, PortfolioOptions(
+        restarts=opts.restarts, seed=opts.seed, relay=False, rail_gather=rail))
 
 
 def _hierarchical(work: Work, t: TenantSpec, j: int) -> bool:
