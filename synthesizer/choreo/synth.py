@@ -150,18 +150,24 @@ def synthesize(
     with ThreadPoolExecutor(max_workers=min(len(views), os.cpu_count() or 1)) as pool:
         results = list(pool.map(lambda view: _synthesize_on(fabric, view, demands, opts), views))
     best = min(results, key=lambda s: s.makespan)
-    greedy_s = simulate(best).makespan if railed else 0.0
-    # The rail plan's estimate is its simulated time on fabrics whose links are alike (and
-    # above it where they are not): lay it out only where it may win.
-    if not railed or estimated(fabric, demands) > greedy_s * RAIL_MARGIN:
-        return best
+    return _against_rail_plan(fabric, demands, best) if railed else best
+
+
+def _against_rail_plan(fabric: Topology, demands: tuple[Demand, ...], greedy: Schedule
+                       ) -> Schedule:
+    """The faster of ``greedy`` and the rail plan among those whose node files fit a
+    ConfigMap, else the one with the smaller files. The plan's estimate is its simulated
+    time on fabrics whose links are alike (and above it where they are not), so the plan is
+    laid out only where that estimate may win."""
+    greedy_s = simulate(greedy).makespan
+    if estimated(fabric, demands) > greedy_s * RAIL_MARGIN:
+        return greedy
     rail = rail_gather(fabric, demands)  # its times are the simulator's already
-    # The faster of the two whose node files fit a ConfigMap, else the smaller files.
-    steps = {id(s): busiest_host_steps(s) for s in (rail, best)}
-    fits = [s for s in (rail, best) if steps[id(s)] <= MAX_HOST_STEPS]
+    steps = {id(s): busiest_host_steps(s) for s in (rail, greedy)}
+    fits = [s for s in (rail, greedy) if steps[id(s)] <= MAX_HOST_STEPS]
     if not fits:
-        return min((rail, best), key=lambda s: steps[id(s)])
-    return min(fits, key=lambda s: greedy_s if s is best else s.makespan)
+        return min((rail, greedy), key=lambda s: steps[id(s)])
+    return min(fits, key=lambda s: greedy_s if s is greedy else s.makespan)
 
 
 _VIEWS: OrderedDict[Hashable, list[Topology]] = OrderedDict()
