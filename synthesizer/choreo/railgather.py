@@ -42,7 +42,7 @@ from choreo.schedule import Op, Schedule
 from choreo.topology import Link, Topology
 
 ENGINE = "rail-gather"
-GATHERS = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
+COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 CHUNK_CHOICES = (1, 2, 4, 8, 16)  # chunks per shard the estimate chooses from (within MAX_CNT)
 # The rail's last pieces: (chunks of the last one, 0 for whole rounds to the end; how fast
 # the ones before it shrink; in how many last rounds each, 0 for across rounds).
@@ -57,7 +57,7 @@ def layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
     outside (its NIC), and the ranks of a slot share that rail switch. None elsewhere (the
     greedy engine plans those: direct GPU links or several NICs per GPU break the plan's
     model of two ports)."""
-    if demand.collective not in GATHERS:
+    if demand.collective not in COLLECTIVES:
         return None
     hosts = hosts_of(fabric, demand.ranks)
     if hosts is None or len(hosts) < 2:
@@ -239,12 +239,6 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     return _Estimate(nvl, nic, max(t, u), copies + len(nic))
 
 
-def best_shape(mates: int, hosts: int, size: float, n: int, host: Hop, rail: Hop,
-               reduced: bool = True) -> Shape:
-    """The candidate with the earliest estimated end (``search``)."""
-    return search(mates, hosts, size / n, host, rail, reduced)[1]
-
-
 def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: bool,
            choices: Sequence[int] = CHUNK_CHOICES, steps: int = MAX_HOST_STEPS
            ) -> tuple[float, Shape]:
@@ -306,9 +300,9 @@ def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: 
 
 
 @dataclass(frozen=True)
-class _Planned:
+class RailPlan:
     """One demand's plan before it is laid out: its hosts, port costs, phases (reduced or
-    not, and the shape) and their estimated total time."""
+    not, and the shape) and their estimated total time, the demand alone."""
 
     hosts: list[list[int]]
     host: Hop
@@ -317,7 +311,13 @@ class _Planned:
     estimate: float
 
 
-def _shape(fabric: Topology, t: int, d: Demand) -> _Planned:
+def plans(fabric: Topology, demands: Sequence[Demand]) -> list[RailPlan]:
+    """Every demand's shapes: the estimate ``synthesize`` compares before laying the plan
+    out (the slowest demand's; sharing links can only add to it), and what it lays out."""
+    return [_shape(fabric, t, d) for t, d in enumerate(demands)]
+
+
+def _shape(fabric: Topology, t: int, d: Demand) -> RailPlan:
     hosts = layout(fabric, d)
     if hosts is None:
         raise InputError(f"tenants[{t}]: the rail plan needs an AllGather, ReduceScatter or "
@@ -341,27 +341,22 @@ def _shape(fabric: Topology, t: int, d: Demand) -> _Planned:
     else:
         reduced = d.collective is Collective.REDUCESCATTER
         best = [(reduced, search(mates, nh, shard, host, rail, reduced))]
-    return _Planned(hosts, host, rail, [(reduced, found[1]) for reduced, found in best],
+    return RailPlan(hosts, host, rail, [(reduced, found[1]) for reduced, found in best],
                     sum(found[0] for _, found in best))
 
 
-def estimated(fabric: Topology, demands: Sequence[Demand]) -> float:
-    """The plan's estimated time, each demand alone (the slowest; sharing links can only
-    add to it): what ``synthesize`` compares before laying the plan out."""
-    return max(_shape(fabric, t, d).estimate for t, d in enumerate(demands))
-
-
-def rail_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule:
+def rail_gather(fabric: Topology, demands: Sequence[Demand],
+                shaped: Sequence[RailPlan] | None = None) -> Schedule:
     """Every demand's rail-aligned plan, routed on ``fabric`` and simulated jointly (tenants
     that share links delay each other as the simulator says). Sends go through switches,
     never through another GPU (``Router``'s ``transit``), so no rank relays another's data:
     where a rail link is slow the cheapest path is otherwise a detour through other GPUs
-    and rails, on links the plan counts as free."""
+    and rails, on links the plan counts as free. ``shaped``: ``plans`` already found."""
+    shaped = plans(fabric, demands) if shaped is None else shaped
     planned: list[Demand] = []
     shapes: list[dict[str, object]] = []
     cols: list[np.ndarray] = []
-    for t, d in enumerate(demands):
-        p = _shape(fabric, t, d)
+    for t, (d, p) in enumerate(zip(demands, shaped, strict=True)):
         d = replace(d, chunks=p.phases[0][1].chunks)
         planned.append(d)
         shapes.append({"phases": [asdict(shape) for _, shape in p.phases]})

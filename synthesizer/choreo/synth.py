@@ -35,7 +35,7 @@ from choreo.hierarchy import (
     busiest_host_steps,
     hierarchical,
 )
-from choreo.railgather import estimated, layout, rail_gather
+from choreo.railgather import layout, plans, rail_gather
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
 from choreo.topology import Link, Topology
@@ -160,9 +160,10 @@ def _against_rail_plan(fabric: Topology, demands: tuple[Demand, ...], greedy: Sc
     time on fabrics whose links are alike (and above it where they are not), so the plan is
     laid out only where that estimate may win."""
     greedy_s = simulate(greedy).makespan
-    if estimated(fabric, demands) > greedy_s * RAIL_MARGIN:
+    shaped = plans(fabric, demands)
+    if max(p.estimate for p in shaped) > greedy_s * RAIL_MARGIN:
         return greedy
-    rail = rail_gather(fabric, demands)  # its times are the simulator's already
+    rail = rail_gather(fabric, demands, shaped)  # its times are the simulator's already
     steps = {id(s): busiest_host_steps(s) for s in (rail, greedy)}
     fits = [s for s in (rail, greedy) if steps[id(s)] <= MAX_HOST_STEPS]
     if not fits:

@@ -26,7 +26,7 @@ from choreo.transforms import fail_npus
 from choreo.verify import verify
 
 GIB = 1 << 30
-GATHERS = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
+COLLECTIVES = railgather.COLLECTIVES
 
 
 def _demand(fabric_name: str, collective: Collective, size: int = GIB,
@@ -36,7 +36,7 @@ def _demand(fabric_name: str, collective: Collective, size: int = GIB,
     return fabric, Demand(collective, ranks, size, 1)
 
 
-@pytest.mark.parametrize("collective", GATHERS)
+@pytest.mark.parametrize("collective", COLLECTIVES)
 @pytest.mark.parametrize("fabric_name", ["dgx-h100-2", "dgx-h100-4", "dgx-a100-4"])
 def test_plan_is_verified_and_near_the_bound(fabric_name: str, collective: Collective) -> None:
     fabric, demand = _demand(fabric_name, collective)
@@ -47,7 +47,7 @@ def test_plan_is_verified_and_near_the_bound(fabric_name: str, collective: Colle
     assert (0.45 if collective is Collective.ALLREDUCE else 0.9) <= share <= 1.0 + 1e-9
 
 
-@pytest.mark.parametrize("collective", GATHERS)
+@pytest.mark.parametrize("collective", COLLECTIVES)
 def test_its_program_runs_in_the_msccl_interpreter(collective: Collective) -> None:
     fabric, demand = _demand("dgx-h100-2", collective, 16 << 20)
     result = interpret.run(to_xml(rail_gather(fabric, [demand]), 0))
@@ -95,8 +95,8 @@ def test_a_plan_asked_for_where_it_does_not_apply_is_refused_by_name() -> None:
 
 def test_the_estimate_relays_only_where_nvswitch_ports_are_the_bound() -> None:
     host, rail = Hop(0.7e-6, 1 / 370e9), Hop(1.7e-6, 1 / 46e9)
-    few = railgather.best_shape(8, 2, GIB, 16, host, rail)
-    many = railgather.best_shape(8, 16, GIB, 128, host, rail)
+    few = railgather.search(8, 2, GIB / 16, host, rail, True)[1]
+    many = railgather.search(8, 16, GIB / 128, host, rail, True)[1]
     assert few.relay > 0 and many.relay == 0
 
 
@@ -173,7 +173,7 @@ def test_where_no_node_file_would_fit_the_smaller_files_are_kept(
 def test_the_plan_is_laid_out_only_where_its_estimate_may_win(
         monkeypatch: pytest.MonkeyPatch) -> None:
     fabric, demand = _demand("dgx-h100-4", Collective.ALLREDUCE, 256 << 20)
-    est = railgather.estimated(fabric, [demand])
+    est = max(p.estimate for p in railgather.plans(fabric, [demand]))
     assert est == pytest.approx(rail_gather(fabric, [demand]).makespan, rel=0.02)
     opts = SynthOptions(relay=False)
     assert synthesize(fabric, [demand], opts).engine == railgather.ENGINE
