@@ -139,6 +139,17 @@ class Shape:
         fold = [1.0] if self.extra else []
         return fold + scatter + scatter[::-1] + fold
 
+    def rail_chunks(self, chunks: float) -> list[int]:
+        """``rail_fractions`` for a part of ``chunks`` whole chunks: the largest sub-range
+        each send carries, since cutting a range of ``x`` chunks ``r`` ways leaves pieces of up
+        to ``ceil(x / r)``."""
+        scatter, held = [], math.ceil(chunks - 1e-9)
+        for r in self.radices:
+            held = -(-held // r)
+            scatter += [held] * (r - 1)
+        fold = [math.ceil(chunks - 1e-9)] if self.extra else []
+        return fold + scatter + scatter[::-1] + fold
+
     @property
     def peers(self) -> int:
         """Ranks one rank sends to or receives from: its host mates and its rail groups."""
@@ -169,14 +180,24 @@ class Timeline:
 
 
 def timeline(shape: Shape, weights: Sequence[int], part_bytes: float, host: Hop,
-             rail: Hop) -> Timeline:
+             rail: Hop, part_chunks: float | None = None) -> Timeline:
     """Two-machine flow shop per GPU: its host port runs each slice's reduce-scatter and
     all-gather, its rail port the slice's rail steps in slice order; the host port serves a
-    finished rail slice's all-gather first, else the next reduce-scatter."""
+    finished rail slice's all-gather first, else the next reduce-scatter. With
+    ``part_chunks`` (chunks in a part of the whole buffer) every send carries its largest
+    piece in whole chunks, so too few chunks to cut evenly show as a longer plan."""
     total = sum(weights)
-    bytes_of = [part_bytes * w / total for w in weights]
-    host_phase = [shape.host_steps * host.time(b) for b in bytes_of]
-    rail_phase = [sum(rail.time(b * f) for f in shape.rail_fractions()) for b in bytes_of]
+    if part_chunks is None:
+        bytes_of = [part_bytes * w / total for w in weights]
+        host_bytes = bytes_of
+        rail_bytes = [[b * f for f in shape.rail_fractions()] for b in bytes_of]
+    else:
+        unit = part_bytes / part_chunks
+        held = [part_chunks * w / total for w in weights]
+        host_bytes = [math.ceil(x - 1e-9) * unit for x in held]
+        rail_bytes = [[c * unit for c in shape.rail_chunks(x)] for x in held]
+    host_phase = [shape.host_steps * host.time(b) for b in host_bytes]
+    rail_phase = [sum(rail.time(b) for b in sends) for sends in rail_bytes]
     k = len(weights)
     rs: list[float] = []
     ag: list[float] = []
@@ -198,31 +219,47 @@ def timeline(shape: Shape, weights: Sequence[int], part_bytes: float, host: Hop,
     return Timeline(rs, rail_start, ag, t)
 
 
+@dataclass(frozen=True)
+class Slices:
+    """The buffer's cut into pipelined slices: their relative sizes, and the chunks per
+    piece that cut it (``ranks * chunks`` divisible by the weights' total)."""
+
+    weights: tuple[int, ...]
+    chunks: int
+
+
 def slicing(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
-            chunks: int = 1, max_steps: int | None = None) -> tuple[int, ...]:
-    """Slice weights with the earliest estimated end: one to ``MAX_SLICES`` slices (within
+            chunks: int = 1, max_steps: int | None = None) -> Slices:
+    """Slices with the earliest estimated end: one to ``MAX_SLICES`` slices (within
     ``max_steps`` MSCCL steps per host, default ``MAX_HOST_STEPS``, and a threadblock per
     peer and slice within ``MAX_RANK_THREADBLOCKS``), equal or growing by a
     ramp ratio from both ends up to a cap, so the first reduce-scatter and the last
     all-gather, which nothing overlaps, stay short. ``chunks``: the chunks per piece asked
-    for. The estimate is the simulator's own time where hosts are alike (``timeline``)."""
+    for; each slicing takes the count from there up to the first multiple of its weights'
+    total whose whole-chunk estimate ends first (fewer chunks are fewer MSCCL steps, so
+    more slices fit a ConfigMap). The estimate is the simulator's own time where hosts
+    are alike and pieces even (``timeline``)."""
     budget = MAX_HOST_STEPS if max_steps is None else max_steps
-    best: tuple[float, tuple[int, ...]] = (float("inf"), (1,))
+    best: tuple[float, Slices] = (float("inf"), Slices((1,), chunks))
     shapes = {tuple(min(ramp ** i, ramp ** (k - 1 - i), cap) for i in range(k))
               for k in range(1, MAX_SLICES + 1) for ramp in RAMPS for cap in CAPS}
-    for w in sorted(shapes, key=lambda w: (len(w), w)):  # ties go to fewer slices
-        per_piece = sum(w) * -(-chunks // sum(w))
-        if len(w) > 1 and (shape.steps_per_host(w, ranks, per_piece) > budget
-                           or len(w) * shape.peers > MAX_RANK_THREADBLOCKS):
+    for w in sorted(shapes, key=lambda w: (len(w), w)):  # ties go to fewer slices, chunks
+        total = sum(w)
+        if len(w) * shape.peers > MAX_RANK_THREADBLOCKS and len(w) > 1:
             continue
-        end = timeline(shape, w, part_bytes, host, rail).end
-        if end < best[0] * (1 - 1e-9):
-            best = (end, w)
+        for c in range(chunks, total * -(-chunks // total) + 1):
+            if ranks * c % total:
+                continue  # slices would not be whole chunks
+            if len(w) > 1 and shape.steps_per_host(w, ranks, c) > budget:
+                break  # more chunks only add steps
+            end = timeline(shape, w, part_bytes, host, rail, ranks * c / shape.parts).end
+            if end < best[0] * (1 - 1e-9):
+                best = (end, Slices(w, c))
     return best[1]
 
 
 def best_shape(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
-               chunks: int = 1) -> tuple[Shape, tuple[int, ...]]:
+               chunks: int = 1) -> tuple[Shape, Slices]:
     """The rail levels (the factors up to ``MAX_RADIX``; hosts beyond a count made of them
     fold in) and the slices with the earliest estimated end. Wider levels (a prime host count
     above 19 as one level) would save the fold but give each rank more threadblocks than the
@@ -278,15 +315,17 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
     # round and every round of a host phase ends before the rail phase starts.
     place = [{r: pos for pos, (_, r) in enumerate(members)} for members in hosts]
     part_bytes = demand.size / parts
-    est = timeline(shape, weights, part_bytes, host, rail)
+    part_chunks = demand.num_chunks / parts
+    unit = part_bytes / part_chunks
+    est = timeline(shape, weights, part_bytes, host, rail, part_chunks)
     out = _Sends()
-    total, edges = demand.num_chunks, [0]
-    for w in weights:
-        edges.append(edges[-1] + w * total // sum(weights))
+    total, before = demand.num_chunks, np.cumsum([0, *weights])
+    edges = [int(total * b // before[-1]) for b in before]
     for j in range(len(weights)):
         lo, hi = edges[j], edges[j + 1]
         bounds = [lo + k * (hi - lo) // parts for k in range(parts + 1)]
-        step_host = host.time(part_bytes * weights[j] / sum(weights))
+        held = part_chunks * weights[j] / sum(weights)
+        step_host = host.time(math.ceil(held - 1e-9) * unit)
         for h, members in enumerate(hosts):  # 1: reduce-scatter inside each host
             m = len(members)
             for pos, (_, r) in enumerate(members):
@@ -296,8 +335,8 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
                         at = est.host_rs[j] + step_host * turn
                         out.add(at, r, owners[h][k], bounds[k], bounds[k + 1], Op.REDUCE)
         rail_at = [est.rail[j]]
-        for f in shape.rail_fractions():
-            rail_at.append(rail_at[-1] + rail.time(part_bytes * weights[j] / sum(weights) * f))
+        for c in shape.rail_chunks(held):
+            rail_at.append(rail_at[-1] + rail.time(c * unit))
         for k in range(parts):  # 2: mixed-radix reduce-scatter and all-gather across hosts
             _multiply(out, rail_at, [o[k] for o in owners], bounds[k], bounds[k + 1],
                       shape.radices)
@@ -417,8 +456,8 @@ def hop_costs(view: Topology, hosts: list[list[tuple[int, int]]], owners: list[l
 def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = False) -> Schedule:
     """Every demand's hierarchical AllReduce, routed on ``fabric`` and simulated jointly
     (tenants that share links delay each other exactly as the simulator says). Each demand is
-    cut into the slices ``slicing`` picks; its chunks per piece become the first multiple of
-    the slices' total weight from the chunks asked for, so every slice is whole chunks."""
+    cut into the slices ``slicing`` picks, with the chunks per piece it picks (at least those
+    asked for, and every slice whole chunks)."""
     view = restrict(fabric, {r for d in demands for r in d.ranks}, relay)
     planned: list[Demand] = []
     sliced: list[list[int]] = []
@@ -434,10 +473,11 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
         parts = len(slots)
         owned = max(row.count(r) for row in owners for r in row)
         host, rail = hop_costs(view, hosts, owners, d.ranks, d.size / parts)
-        shape, weights = best_shape(
+        shape, slices = best_shape(
             Shape(parts, len(hosts), max(len(m) for m in hosts), owned=owned),
             d.size / parts, host, rail, d.n, d.chunks)
-        d = replace(d, chunks=sum(weights) * -(-d.chunks // sum(weights)))
+        weights = slices.weights
+        d = replace(d, chunks=slices.chunks)
         planned.append(d)
         sliced.append(list(weights))
         rails.append(list(shape.radices))

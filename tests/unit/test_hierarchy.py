@@ -69,7 +69,7 @@ def test_transfers_grow_as_n_log_n_not_n_squared() -> None:
 def test_slices_overlap_the_phases_at_large_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
     sliced = _allreduce("dgx-h100-16", size=256 << 20)
     assert sliced.demands[0].chunks > 1 and verify(sliced).ok
-    monkeypatch.setattr(hierarchy, "slicing", lambda *_a, **_k: (1,))
+    monkeypatch.setattr(hierarchy, "slicing", lambda *_a, **_k: hierarchy.Slices((1,), 1))
     one = _allreduce("dgx-h100-16", size=256 << 20)
     assert one.demands[0].chunks == 1
     assert sliced.makespan < 0.8 * one.makespan, (sliced.makespan, one.makespan)
@@ -78,19 +78,30 @@ def test_slices_overlap_the_phases_at_large_sizes(monkeypatch: pytest.MonkeyPatc
 def test_slicing_follows_the_estimate_and_the_program_budget() -> None:
     host, rail = Hop(1.4e-6, 1 / 370e9), Hop(3.4e-6, 1 / 46e9)
     shape = Shape(parts=8, hosts=128)
-    assert slicing(shape, 1 << 17, host, rail, 1024) == (1,)  # latency-bound: no pipeline
+    assert slicing(shape, 1 << 17, host, rail, 1024).weights == (1,)  # latency-bound
     big = slicing(shape, 32 << 20, host, rail, 1024)
-    assert len(big) > 1 and big == big[::-1]  # short ends: the fill and drain nothing hides
-    ends = {w: timeline(shape, w, 32 << 20, host, rail).end for w in [(1,), (1, 1), big]}
-    assert ends[big] < ends[(1, 1)] < ends[(1,)]
-    assert shape.steps_per_host(big, 1024, sum(big)) <= hierarchy.MAX_HOST_STEPS
-    assert slicing(shape, 32 << 20, host, rail, 1024, max_steps=1000) == (1,)
+    w = big.weights
+    assert len(w) > 1 and w == w[::-1]  # short ends: the fill and drain nothing hides
+    assert 1024 * big.chunks % sum(w) == 0  # every slice is whole chunks
+    ends = {v: timeline(shape, v, 32 << 20, host, rail).end for v in [(1,), (1, 1), w]}
+    assert ends[w] < ends[(1, 1)] < ends[(1,)]
+    assert shape.steps_per_host(w, 1024, big.chunks) <= hierarchy.MAX_HOST_STEPS
+    assert slicing(shape, 32 << 20, host, rail, 1024, max_steps=1000).weights == (1,)
+
+
+def test_too_few_chunks_to_cut_evenly_lengthen_the_estimate() -> None:
+    host, rail = Hop(1.4e-6, 1 / 370e9), Hop(3.4e-6, 1 / 46e9)
+    shape = Shape(parts=8, hosts=33, levels=(11, 3))
+    even = timeline(shape, (1, 2, 1), 128 << 20, host, rail, 264 * 4 / 8).end
+    ragged = timeline(shape, (1, 2, 1), 128 << 20, host, rail, 264 * 1 / 8).end
+    assert ragged > 1.1 * even
+    assert even >= timeline(shape, (1, 2, 1), 128 << 20, host, rail).end
 
 
 def test_the_step_estimate_bounds_the_lowered_program() -> None:
     s = _allreduce("dgx-h100-4", size=256 << 20)
     d, weights = s.demands[0], tuple(s.meta["slices"][0])
-    assert len(weights) > 1 and d.chunks == sum(weights)
+    assert len(weights) > 1 and d.n * d.chunks % sum(weights) == 0
     files = split_per_node(to_xml(s, 0), [s.fabric.names[r].split("/")[0] for r in d.ranks])
     steps = [len(re.findall(r"<step ", text)) for text in files.values()]
     assert max(steps) <= Shape(parts=8, hosts=4).steps_per_host(weights, d.n, d.chunks)
