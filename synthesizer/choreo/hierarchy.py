@@ -28,7 +28,7 @@ import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
-from choreo.msccl.layout import MAX_CNT
+from choreo.msccl.layout import MAX_CNT, RUNTIMES
 from choreo.routing import route, timed_plan
 from choreo.schedule import Op, Schedule
 from choreo.topology import Topology
@@ -41,10 +41,9 @@ LARGE_TENANT = 256  # ranks; larger AllReduce tenants on multi-GPU hosts use thi
 # keep it under one ConfigMap (1 MiB) with room to spare.
 MAX_HOST_STEPS = 7500
 MAX_SLICES = 8
-# Peers times slices of one rank: the lowering gives a rank about one threadblock per peer
-# and slice, up to 1.5 where it owns two parts (measured on 33-128 hosts); 80 stays within
-# the executor runtime's 127 depid targets.
-MAX_RANK_THREADBLOCKS = 80
+# Threadblocks of one rank (``Shape.threadblocks``): the executor runtime stores a
+# dependency's threadblock in an int8 (``layout.Runtime.max_depid``).
+MAX_RANK_THREADBLOCKS = RUNTIMES["executor"].max_depid
 RAMPS = (2, 3)  # slice growth ratios tried at both ends of the pipeline
 CAPS = (1, 2, 3, 4, 8, 9)  # largest slice weights tried (1: equal slices)
 
@@ -156,6 +155,26 @@ class Shape:
         rail = sum(r - 1 for r in self.radices) + (1 if self.extra else 0)
         return self.host_steps + self.owned * rail
 
+    def threadblocks(self, weights: Sequence[int], ranks: int, chunks: int) -> int:
+        """A rank's threadblocks in the lowered program, from above. The lowering cuts the
+        program into epochs, each a channel in which every peer and direction gets a
+        threadblock (2 per peer at most, and one for the rank's own copies), and adds epochs
+        until no threadblock holds more than 0.8 of the runtime's steps (``msccl.lower``).
+        The busiest one serves a host mate: per slice it sends the slice's part twice (the
+        reduce-scatter to the part's owner, the all-gather of its own) and receives it twice,
+        and its all-gather waits for every rail arrival of the part, one ``nop`` each.
+        Measured with the lowering (threadblocks, this estimate): dgx-h100-128 (14 peers)
+        41, 57 with 2 epochs; dgx-h100-33 (19 peers) 60, 77; dgx-h100-34 less a GPU
+        (24 peers, radix 17) 78, 97, and for five slices there 117, 145 (3 epochs), over
+        the budget."""
+        total = sum(weights)
+        rail = (self.peers - self.host_steps) * len(weights)
+        busiest = rail + 4 * sum(math.ceil(ranks * chunks * w / total / self.parts / MAX_CNT)
+                                 for w in weights)
+        limit = RUNTIMES["executor"].max_steps
+        epochs = max(1, math.ceil(busiest / (0.8 * limit)))
+        return epochs * 2 * self.peers + 1
+
     def steps_per_host(self, weights: Sequence[int], ranks: int, chunks: int) -> int:
         """MSCCL steps of one host's ranks for these slices, at most: each send and its
         receive is a step per ``MAX_CNT`` chunks of its range, plus one (exact on
@@ -231,8 +250,8 @@ class Slices:
 def slicing(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
             chunks: int = 1, max_steps: int | None = None) -> Slices:
     """Slices with the earliest estimated end: one to ``MAX_SLICES`` slices (within
-    ``max_steps`` MSCCL steps per host, default ``MAX_HOST_STEPS``, and a threadblock per
-    peer and slice within ``MAX_RANK_THREADBLOCKS``), equal or growing by a
+    ``max_steps`` MSCCL steps per host, default ``MAX_HOST_STEPS``, and
+    ``MAX_RANK_THREADBLOCKS`` threadblocks per rank), equal or growing by a
     ramp ratio from both ends up to a cap, so the first reduce-scatter and the last
     all-gather, which nothing overlaps, stay short. ``chunks``: the chunks per piece asked
     for; each slicing takes the count from there up to the first multiple of its weights'
@@ -245,13 +264,12 @@ def slicing(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int,
               for k in range(1, MAX_SLICES + 1) for ramp in RAMPS for cap in CAPS}
     for w in sorted(shapes, key=lambda w: (len(w), w)):  # ties go to fewer slices, chunks
         total = sum(w)
-        if len(w) * shape.peers > MAX_RANK_THREADBLOCKS and len(w) > 1:
-            continue
         for c in range(chunks, total * -(-chunks // total) + 1):
             if ranks * c % total:
                 continue  # slices would not be whole chunks
-            if len(w) > 1 and shape.steps_per_host(w, ranks, c) > budget:
-                break  # more chunks only add steps
+            if len(w) > 1 and (shape.steps_per_host(w, ranks, c) > budget
+                               or shape.threadblocks(w, ranks, c) > MAX_RANK_THREADBLOCKS):
+                break  # more chunks only add steps and threadblocks
             end = timeline(shape, w, part_bytes, host, rail, ranks * c / shape.parts).end
             if end < best[0] * (1 - 1e-9):
                 best = (end, Slices(w, c))

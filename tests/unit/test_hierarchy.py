@@ -107,6 +107,26 @@ def test_the_step_estimate_bounds_the_lowered_program() -> None:
     assert max(steps) <= Shape(parts=8, hosts=4).steps_per_host(weights, d.n, d.chunks)
 
 
+@pytest.mark.parametrize(("fabric", "size", "failed"), [
+    ("dgx-h100-16", 256 << 20, ()),
+    ("dgx-h100-33", 256 << 20, ()),  # radices 11 and 3
+    ("dgx-h100-34", 1 << 30, ("node0/gpu5",)),  # radix 17, seven parts
+])
+def test_the_threadblock_estimate_bounds_the_lowered_program(
+        fabric: str, size: int, failed: tuple[str, ...]) -> None:
+    s = _allreduce(fabric, size=size, failed=failed)
+    d, weights = s.demands[0], tuple(s.meta["slices"][0])
+    hosts = hosts_of(s.fabric, d.ranks)
+    assert hosts is not None
+    slots, _owners = hierarchy.owners_of(hosts, hierarchy.railed_ranks(s.fabric, d.ranks))
+    shape = Shape(len(slots), len(hosts), max(len(m) for m in hosts),
+                  tuple(s.meta["radices"][0]))
+    xml = to_xml(s, 0)
+    most = max(len(re.findall(r"<tb ", gpu)) for gpu in xml.split("<gpu ")[1:])
+    assert len(weights) > 1
+    assert most <= shape.threadblocks(weights, d.n, d.chunks) <= hierarchy.MAX_RANK_THREADBLOCKS
+
+
 def test_the_estimate_orders_the_phases_of_every_slice() -> None:
     est = timeline(Shape(8, 16), (1, 2, 2, 1), 32 << 20, Hop(1e-6, 1 / 370e9),
                    Hop(3e-6, 1 / 46e9))
