@@ -166,7 +166,10 @@ class Shape:
         Measured with the lowering (threadblocks, this estimate): dgx-h100-128 (14 peers)
         41, 57 with 2 epochs; dgx-h100-33 (19 peers) 60, 77; dgx-h100-34 less a GPU
         (24 peers, radix 17) 78, 97, and for five slices there 117, 145 (3 epochs), over
-        the budget."""
+        the budget. A rank that owns several parts (its host lost slots) serves more per
+        threadblock than this counts, and takes the earlier measure instead."""
+        if self.owned > 1:  # measured on 33-128 hosts: up to 1.5 per peer and slice
+            return math.ceil(1.5 * len(weights) * self.peers)
         total = sum(weights)
         rail = (self.peers - self.host_steps) * len(weights)
         busiest = rail + 4 * sum(math.ceil(ranks * chunks * w / total / self.parts / MAX_CNT)

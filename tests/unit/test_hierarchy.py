@@ -111,6 +111,8 @@ def test_the_step_estimate_bounds_the_lowered_program() -> None:
     ("dgx-h100-16", 256 << 20, ()),
     ("dgx-h100-33", 256 << 20, ()),  # radices 11 and 3
     ("dgx-h100-34", 1 << 30, ("node0/gpu5",)),  # radix 17, seven parts
+    # five slots lost: hosts hand their parts to mates, and a rank owns two
+    ("dgx-h100-33", 256 << 20, tuple(f"node{i}/gpu{i}" for i in range(5))),
 ])
 def test_the_threadblock_estimate_bounds_the_lowered_program(
         fabric: str, size: int, failed: tuple[str, ...]) -> None:
@@ -118,9 +120,10 @@ def test_the_threadblock_estimate_bounds_the_lowered_program(
     d, weights = s.demands[0], tuple(s.meta["slices"][0])
     hosts = hosts_of(s.fabric, d.ranks)
     assert hosts is not None
-    slots, _owners = hierarchy.owners_of(hosts, hierarchy.railed_ranks(s.fabric, d.ranks))
+    slots, owners = hierarchy.owners_of(hosts, hierarchy.railed_ranks(s.fabric, d.ranks))
     shape = Shape(len(slots), len(hosts), max(len(m) for m in hosts),
-                  tuple(s.meta["radices"][0]))
+                  tuple(s.meta["radices"][0]),
+                  owned=max(row.count(r) for row in owners for r in row))
     xml = to_xml(s, 0)
     most = max(len(re.findall(r"<tb ", gpu)) for gpu in xml.split("<gpu ")[1:])
     assert len(weights) > 1
