@@ -359,8 +359,8 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
         for c in shape.rail_chunks(held):
             rail_at.append(rail_at[-1] + rail.time(c * unit))
         for k in range(parts):  # 2: mixed-radix reduce-scatter and all-gather across hosts
-            _multiply(out, rail_at, [o[k] for o in owners], bounds[k], bounds[k + 1],
-                      shape.radices)
+            _multiply(out, rail_at, _near_first([o[k] for o in owners], shape.radices),
+                      bounds[k], bounds[k + 1], shape.radices)
         for h, members in enumerate(hosts):  # 3: all-gather inside each host
             m = len(members)
             for pos, (_, r) in enumerate(members):
@@ -436,6 +436,22 @@ def _multiply(out: _Sends, at: list[float], members: list[int], lo: int, hi: int
         t = next(rounds)
         for i in range(extra):
             out.add(t, members[i], members[core + i], lo, hi, Op.COPY)
+
+
+def _near_first(members: list[int], levels: Sequence[int]) -> list[int]:
+    """``members`` (in host order) placed so the first level, which moves the most, groups
+    neighbouring hosts and the last, which moves the least, groups distant ones. Hosts in
+    order are usually under one leaf switch in runs (a block, a rack), so on a fabric whose
+    leaves meet through an oversubscribed spine only the smallest ranges cross it; where
+    every host meets every other through one switch the order changes nothing."""
+    core = math.prod(levels)
+    strides = [math.prod(levels[:k]) for k in range(len(levels))]  # host index per digit
+    weights = [math.prod(levels[k + 1:]) for k in range(len(levels))]  # position per digit
+    placed = []
+    for p in range(core):
+        digits = [p // w % r for w, r in zip(weights, levels, strict=True)]
+        placed.append(members[sum(d * s for d, s in zip(digits, strides, strict=True))])
+    return placed + members[core:]
 
 
 def _block(i: int, k: int, v: int, levels: Sequence[int]) -> int:

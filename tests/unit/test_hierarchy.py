@@ -232,3 +232,23 @@ def test_gpus_that_only_meet_through_each_other_still_route() -> None:
         route(fabric, pairs, 1e6, transit=False)
     _, chosen = route(fabric, pairs, 1e6)
     assert set(chosen) == pairs
+
+
+def test_the_first_rail_level_groups_neighbouring_hosts() -> None:
+    levels = (3, 2)
+    placed = hierarchy._near_first(list(range(7)), levels)  # six in the core, one folds in
+    assert placed[6] == 6
+    # Level 0 (radix 3, the largest ranges) groups positions a stride of 2 apart.
+    assert [sorted(placed[p::2][:3]) for p in range(2)] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_the_largest_rail_ranges_stay_under_one_leaf(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On leaves under a 2:1 spine, the levels that move the most stay inside a block; where
+    one switch joins every host, the order changes nothing."""
+    demand = Demand(Collective.ALLREDUCE, tuple(range(64)), 256 << 20)
+    spine, rails = build("dgx-h100-spine-2x4"), build("dgx-h100-8")
+    near = [hierarchical(f, [demand]).makespan for f in (spine, rails)]
+    monkeypatch.setattr(hierarchy, "_near_first", lambda members, _levels: members)
+    in_order = [hierarchical(f, [demand]).makespan for f in (spine, rails)]
+    assert near[0] * 1.5 < in_order[0]
+    assert near[1] == pytest.approx(in_order[1], rel=1e-9)
