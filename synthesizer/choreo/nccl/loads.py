@@ -3,8 +3,7 @@
 Each GPU-to-GPU send of a channel takes the cheapest route over usable links (the same
 ``choreo.routing.Router`` costs as the baselines' circuits); NCCL does not split one
 connection over several paths. All sends are routed together: one shortest-path search per
-source GPU, stopped once its targets are settled, and the bytes to every target are summed
-up the search tree, so a source with a thousand targets costs one pass, not a thousand.
+source GPU in the compiled engine, stopped once its targets are settled.
 The busiest link relative to its bandwidth sets the time the channels need.
 """
 
@@ -14,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from choreo.errors import InputError
 from choreo.routing import Router
 from choreo.topology import Topology
 
@@ -57,32 +55,16 @@ def route_loads(topo: Topology, src: np.ndarray, dst: np.ndarray, nbytes: np.nda
     for k, w in zip(key.tolist(), total.tolist(), strict=True):
         by_src.setdefault(k // span, {})[k % span] = w
     router = Router(topo, router_bytes)
-    alpha = np.array([lk.alpha for lk in topo.links])
-    for s, targets in by_src.items():
-        _accumulate(topo, router, alpha, s, targets, out)
+    pairs = router.paths_from({a: list(bs) for a, bs in by_src.items()})  # compiled search
+    alpha = [lk.alpha for lk in topo.links]
+    hops: list[int] = []
+    weights: list[float] = []
+    for (a, b), path in pairs.items():
+        hops += path
+        weights += [by_src[a][b]] * len(path)
+        at = 0.0
+        for i in path:  # summed from the source, as the search reached it
+            at += alpha[i]
+        out.alpha[(a, b)] = at
+    np.add.at(out.bytes, np.asarray(hops, dtype=np.int64), np.asarray(weights))
     return out
-
-
-def _accumulate(topo: Topology, router: Router, alpha: np.ndarray, s: int,
-                targets: dict[int, float], out: Loads) -> None:
-    pred, order = router.search(s, set(targets))
-    missing = [t for t in targets if t != s and pred[t] < 0]
-    if missing:
-        raise InputError(f"{topo.name}: no usable path from {topo.node_name(s)} to "
-                         f"{topo.node_name(missing[0])}")
-    weight = dict(targets)
-    acc = out.bytes
-    links = topo.links
-    for v in reversed(order[1:]):
-        here = weight.get(v, 0.0)
-        if here:
-            i = pred[v]
-            acc[i] += here
-            u = links[i].src
-            weight[u] = weight.get(u, 0.0) + here
-    a_to = {s: 0.0}
-    for v in order[1:]:
-        i = pred[v]
-        a_to[v] = a_to[links[i].src] + float(alpha[i])
-    for t in targets:
-        out.alpha[(s, t)] = a_to[t]
