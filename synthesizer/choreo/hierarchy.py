@@ -142,11 +142,12 @@ class Shape:
         """``rail_fractions`` for a part of ``chunks`` whole chunks: the largest sub-range
         each send carries, since cutting a range of ``x`` chunks ``r`` ways leaves pieces of up
         to ``ceil(x / r)``."""
-        scatter, held = [], math.ceil(chunks - 1e-9)
+        whole = math.ceil(chunks - 1e-9)
+        scatter, held = [], whole
         for r in self.radices:
             held = -(-held // r)
             scatter += [held] * (r - 1)
-        fold = [math.ceil(chunks - 1e-9)] if self.extra else []
+        fold = [whole] if self.extra else []
         return fold + scatter + scatter[::-1] + fold
 
     @property
@@ -193,12 +194,15 @@ class Shape:
 
 @dataclass
 class Timeline:
-    """Estimated start of every slice's phases, and the estimated end of the whole plan."""
+    """Estimated start of every slice's phases, the estimated end of the whole plan, and per
+    slice the seconds of one host send and of each rail round in order."""
 
     host_rs: list[float]
     rail: list[float]
     host_ag: list[float]
     end: float
+    host_send: list[float]
+    rail_sends: list[list[float]]
 
 
 def timeline(shape: Shape, weights: Sequence[int], part_bytes: float, host: Hop,
@@ -218,8 +222,10 @@ def timeline(shape: Shape, weights: Sequence[int], part_bytes: float, host: Hop,
         held = [part_chunks * w / total for w in weights]
         host_bytes = [math.ceil(x - 1e-9) * unit for x in held]
         rail_bytes = [[c * unit for c in shape.rail_chunks(x)] for x in held]
-    host_phase = [shape.host_steps * host.time(b) for b in host_bytes]
-    rail_phase = [sum(rail.time(b) for b in sends) for sends in rail_bytes]
+    host_send = [host.time(b) for b in host_bytes]
+    rail_sends = [[rail.time(b) for b in sends] for sends in rail_bytes]
+    host_phase = [shape.host_steps * t for t in host_send]
+    rail_phase = [sum(sends) for sends in rail_sends]
     k = len(weights)
     rs: list[float] = []
     ag: list[float] = []
@@ -238,7 +244,7 @@ def timeline(shape: Shape, weights: Sequence[int], part_bytes: float, host: Hop,
         else:
             ag.append(max(t, ready))
             t = ag[-1] + host_phase[len(ag) - 1]
-    return Timeline(rs, rail_start, ag, t)
+    return Timeline(rs, rail_start, ag, t, host_send, rail_sends)
 
 
 @dataclass(frozen=True)
@@ -336,17 +342,14 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
     # round and every round of a host phase ends before the rail phase starts.
     place = [{r: pos for pos, (_, r) in enumerate(members)} for members in hosts]
     part_bytes = demand.size / parts
-    part_chunks = demand.num_chunks / parts
-    unit = part_bytes / part_chunks
-    est = timeline(shape, weights, part_bytes, host, rail, part_chunks)
+    est = timeline(shape, weights, part_bytes, host, rail, demand.num_chunks / parts)
     out = _Sends()
     total, before = demand.num_chunks, np.cumsum([0, *weights])
     edges = [int(total * b // before[-1]) for b in before]
     for j in range(len(weights)):
         lo, hi = edges[j], edges[j + 1]
         bounds = [lo + k * (hi - lo) // parts for k in range(parts + 1)]
-        held = part_chunks * weights[j] / sum(weights)
-        step_host = host.time(math.ceil(held - 1e-9) * unit)
+        step_host = est.host_send[j]
         for h, members in enumerate(hosts):  # 1: reduce-scatter inside each host
             m = len(members)
             for pos, (_, r) in enumerate(members):
@@ -356,8 +359,8 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
                         at = est.host_rs[j] + step_host * turn
                         out.add(at, r, owners[h][k], bounds[k], bounds[k + 1], Op.REDUCE)
         rail_at = [est.rail[j]]
-        for c in shape.rail_chunks(held):
-            rail_at.append(rail_at[-1] + rail.time(c * unit))
+        for seconds in est.rail_sends[j]:
+            rail_at.append(rail_at[-1] + seconds)
         for k in range(parts):  # 2: mixed-radix reduce-scatter and all-gather across hosts
             _multiply(out, rail_at, _near_first([o[k] for o in owners], shape.radices),
                       bounds[k], bounds[k + 1], shape.radices)
