@@ -9,81 +9,22 @@ ten million chunk copies in 170,000 transfers.
 The semantics are the chunk-level replay's (``choreo.verify``): a transfer reads its source
 at ``start + EPS`` (arrivals that end by then count), and at its end COPY overwrites the
 destination's runs with what it read while REDUCE adds it, which must not repeat a
-contribution. Counts are in chunks, so both replays report the same numbers.
+contribution. Counts are in chunks, so both replays report the same numbers. Python orders
+the events and states the demands; the replay itself is compiled (``choreo_engine``,
+``rangeflow.rs``), and shares nothing with the synthesizer.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 
 from choreo.collectives import Demand
 from choreo.schedule import Op, Schedule
+from choreo_engine import rangeflow_replay
 
-Piece = tuple[int, int, int]  # (first chunk, end chunk, value)
-
-
-class Runs:
-    """One node's chunks of one tenant: ``vals[i]`` on chunks ``bounds[i]..bounds[i+1]-1``."""
-
-    __slots__ = ("bounds", "vals")
-
-    def __init__(self, bounds: list[int], vals: list[int]) -> None:
-        self.bounds, self.vals = bounds, vals
-
-    def read(self, lo: int, hi: int) -> list[Piece]:
-        b, v = self.bounds, self.vals
-        i = bisect_right(b, lo) - 1
-        out = []
-        while b[i] < hi:
-            out.append((max(b[i], lo), min(b[i + 1], hi), v[i]))
-            i += 1
-        return out
-
-    def _cut(self, c: int) -> int:
-        """Index of the run starting at chunk ``c``, splitting the run that holds it."""
-        i = bisect_left(self.bounds, c)
-        if self.bounds[i] != c:
-            self.bounds.insert(i, c)
-            self.vals.insert(i, self.vals[i - 1])
-        return i
-
-    def copy(self, lo: int, hi: int, pieces: list[Piece]) -> None:
-        i, j = self._cut(lo), self._cut(hi)
-        self.bounds[i:j] = [p[0] for p in pieces]
-        self.vals[i:j] = [p[2] for p in pieces]
-        self._merge(i - 1, i + len(pieces) + 1)
-
-    def reduce(self, lo: int, hi: int, pieces: list[Piece]) -> list[tuple[int, int]]:
-        """Add ``pieces``; returns (overlap mask, chunks) of every contribution repeated."""
-        for p in pieces[1:]:
-            self._cut(p[0])
-        i, j = self._cut(lo), self._cut(hi)
-        doubles = []
-        k = 0
-        for r in range(i, j):
-            while pieces[k][1] <= self.bounds[r]:
-                k += 1
-            v = pieces[k][2]
-            both = self.vals[r] & v
-            if both:
-                doubles.append((both, self.bounds[r + 1] - self.bounds[r]))
-            self.vals[r] |= v
-        self._merge(i - 1, j + 1)
-        return doubles
-
-    def _merge(self, i: int, j: int) -> None:
-        """Join equal neighbours among runs ``i..j`` (clipped)."""
-        b, v = self.bounds, self.vals
-        r = min(j, len(v) - 1)
-        while r > max(i, 0):
-            if v[r] == v[r - 1]:
-                del v[r], b[r]
-            r -= 1
+KEEP = 64  # findings of each kind listed (all are counted); the verifier reports fewer
 
 
 @dataclass
@@ -101,46 +42,64 @@ class Findings:
 
 def replay(s: Schedule, rows: np.ndarray, eps: float) -> Findings:
     """Replay transfers ``rows`` of ``s`` in time order (see the module docstring)."""
-    state: dict[tuple[int, int], Runs] = {}
-    initial = [_initial(d) for d in s.demands]
+    read, who = _events(s, rows, eps)
+    demands = [_demand(d) for d in s.demands]
 
-    def runs(t: int, v: int) -> Runs:
-        key = (t, v)
-        if key not in state:
-            state[key] = initial[t](v)
-        return state[key]
+    def csr(k: int) -> tuple[np.ndarray, np.ndarray]:
+        cols = [np.asarray(d[k], dtype=np.int64) for d in demands]
+        ptr = np.zeros(len(cols) + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum([len(c) for c in cols])
+        return ptr, np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
 
-    found = Findings()
-    snaps: dict[int, list[Piece]] = {}
-    tenant, chunk, count = s.tenant.tolist(), s.chunk.tolist(), s.count.tolist()
-    src, dst, op = s.src.tolist(), s.dst.tolist(), s.op.tolist()
-    for read, i in _events(s, rows, eps):
-        t, lo = tenant[i], chunk[i]
-        hi = lo + count[i]
-        if read:
-            pieces = runs(t, src[i]).read(lo, hi)
-            missing = [p for p in pieces if p[2] == 0]
-            if missing:
-                found.causality.append((i, missing[0][0]))
-                found.causality_chunks += sum(p[1] - p[0] for p in missing)
-            snaps[i] = pieces
-            continue
-        pieces = snaps.pop(i)
-        target = runs(t, dst[i])
-        if op[i] == Op.REDUCE:
-            for overlap, n in target.reduce(lo, hi, pieces):
-                found.doubles.append((i, overlap))
-                found.double_chunks += n
-        else:
-            target.copy(lo, hi, pieces)
-    for t, d in enumerate(s.demands):
-        _postcondition(d, t, partial(runs, t), found)
-    return found
+    i64 = np.int64
+    (rank_ptr, rank_node), (origin_ptr, origin) = csr(0), csr(1)
+    span_ptr, span_rank = csr(2)
+    span_lo, span_hi = csr(3)[1], csr(4)[1]
+    causality, c_chunks, doubles, d_chunks, post, p_chunks = rangeflow_replay(
+        s.tenant.astype(i64), s.chunk.astype(i64), s.count.astype(i64), s.src.astype(i64),
+        s.dst.astype(i64), s.op == Op.REDUCE, read, who, rank_ptr, rank_node,
+        np.array([d.collective.combining for d in s.demands], dtype=bool),
+        np.array([d.num_chunks for d in s.demands], dtype=i64),
+        np.array([d.chunks for d in s.demands], dtype=i64), origin_ptr, origin, span_ptr,
+        span_rank, span_lo, span_hi, KEEP)
+    return Findings(causality, c_chunks, [(i, _int(w)) for i, w in doubles], d_chunks,
+                    [(t, r, c, _int(w)) for t, r, c, w in post], p_chunks)
 
 
-def _events(s: Schedule, rows: np.ndarray, eps: float) -> list[tuple[bool, int]]:
-    """(is read, transfer) in replay order: a read at ``start + eps`` comes after every write
-    that ends by then; writes end at ``end`` (at least ``start + 2 eps``); ties stable."""
+def _int(words: list[int]) -> int:
+    """A bit set from its little-endian 64-bit words."""
+    return int.from_bytes(np.asarray(words, dtype="<u8").tobytes(), "little")
+
+
+def _demand(d: Demand) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """What the replay needs of a demand: its ranks' nodes, each origin piece's rank (not
+    combining), and the spans (rank, first, end) every destination must hold in full."""
+    nc = d.num_chunks
+    origin: list[int] = []
+    if not d.collective.combining:
+        per_chunk = d.single_origin
+        assert per_chunk is not None  # every non-combining collective has one origin per chunk
+        origin = per_chunk[0:nc:d.chunks].tolist()
+    per_dest = d.single_destination
+    if per_dest is None:
+        spans = [(r, 0, nc) for r in range(d.n)]
+    else:
+        wanted: dict[int, list[tuple[int, int]]] = {}
+        for c, r in enumerate(per_dest.tolist()):
+            mine = wanted.setdefault(r, [])
+            if mine and mine[-1][1] == c:
+                mine[-1] = (mine[-1][0], c + 1)
+            else:
+                mine.append((c, c + 1))
+        spans = [(r, lo, hi) for r, rs in wanted.items() for lo, hi in rs]
+    return (list(d.ranks), origin, [x[0] for x in spans], [x[1] for x in spans],
+            [x[2] for x in spans])
+
+
+def _events(s: Schedule, rows: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per event in replay order, whether it is a read and its transfer: a read at
+    ``start + eps`` comes after every write that ends by then; writes end at ``end`` (at
+    least ``start + 2 eps``); ties stable."""
     rtime = s.start[rows] + eps
     wtime = np.maximum(s.end[rows], s.start[rows] + 2 * eps)
     r_ord = np.argsort(rtime, kind="stable")
@@ -152,58 +111,4 @@ def _events(s: Schedule, rows: np.ndarray, eps: float) -> list[tuple[bool, int]]
     kind = np.zeros(2 * m, dtype=bool)
     who[pos_r], who[pos_w] = rows[r_ord], rows[w_ord]
     kind[pos_r] = True
-    return list(zip(kind.tolist(), who.tolist(), strict=True))
-
-
-def _initial(d: Demand) -> Callable[[int], Runs]:
-    """Node -> its runs before anything moves: its rank's bit on every chunk (combining), or
-    held on the pieces it is the origin of."""
-    rank_of = {v: r for r, v in enumerate(d.ranks)}
-    nc = d.num_chunks
-    if d.collective.combining:
-        return lambda v: Runs([0, nc], [1 << rank_of[v] if v in rank_of else 0])
-    per_chunk = d.single_origin
-    assert per_chunk is not None  # every non-combining collective has one origin per chunk
-    piece_starts = list(range(0, nc, d.chunks))
-    origin = per_chunk[piece_starts].tolist()
-
-    def build(v: int) -> Runs:
-        r = rank_of.get(v, -1)
-        bounds, vals = [0], [0]
-        for c, o in zip(piece_starts, origin, strict=True):
-            held = 1 if o == r else 0
-            if held != vals[-1]:
-                if bounds[-1] == c:
-                    vals[-1] = held
-                else:
-                    bounds.append(c)
-                    vals.append(held)
-        bounds.append(nc)
-        out = Runs(bounds, vals)
-        out._merge(0, len(vals))
-        return out
-
-    return build
-
-
-def _postcondition(d: Demand, t: int, runs: Callable[[int], Runs], found: Findings) -> None:
-    full = (1 << d.n) - 1 if d.collective.combining else 1
-    nc = d.num_chunks
-    per_chunk = d.single_destination
-    if per_chunk is None:
-        wanted = {r: [(0, nc)] for r in range(d.n)}
-    else:
-        wanted = {}
-        for c, r in enumerate(per_chunk.tolist()):
-            spans = wanted.setdefault(r, [])
-            if spans and spans[-1][1] == c:
-                spans[-1] = (spans[-1][0], c + 1)
-            else:
-                spans.append((c, c + 1))
-    for r, spans in wanted.items():
-        held = runs(d.ranks[r])
-        for lo, hi in spans:
-            for a, b, v in held.read(lo, hi):
-                if v != full:
-                    found.postcondition.append((t, r, a, v))
-                    found.postcondition_chunks += b - a
+    return kind, who

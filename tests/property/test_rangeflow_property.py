@@ -98,3 +98,8 @@ def test_a_broken_plan_is_caught_alike_by_both_replays() -> None:
     found = verify(s)
     assert found.counts["postcondition"] > 0 and found.counts["double"] > 0
     _same_findings(s)
+    runs = rangeflow.replay(s, np.arange(len(s)), EPS)
+    n = s.demands[0].n
+    assert runs.doubles and all(0 < overlap < 1 << n for _, overlap in runs.doubles)
+    assert runs.postcondition and all(v != (1 << n) - 1 and 0 <= v < 1 << n
+                                      for *_, v in runs.postcondition)

@@ -1,10 +1,11 @@
 //! choreo's compiled engine: the greedy synthesis hot loop, the MSCCL lowering's passes and
-//! the congestion simulator's sequential pass, exposed to Python through PyO3.
+//! the congestion simulator's sequential pass and the verifier's run-based data replay, exposed to Python through PyO3.
 
 pub mod bitset;
 pub mod greedy;
 pub mod lowering;
 pub mod paths;
+pub mod rangeflow;
 pub mod replay;
 
 #[cfg(feature = "python")]

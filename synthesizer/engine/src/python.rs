@@ -8,6 +8,7 @@ use pyo3::types::PyDict;
 use crate::greedy::{synthesize_best, Options, Problem};
 use crate::lowering::{self, LowerError};
 use crate::paths::{self, Graph};
+use crate::rangeflow::{self, Demand, Flow};
 use crate::replay::{self as sim, Pass};
 
 fn vec<T: numpy::Element + Copy>(a: &PyReadonlyArray1<T>) -> Vec<T> {
@@ -261,12 +262,94 @@ fn shortest_paths<'py>(
     Ok((ptr.into_pyarray(py), links.into_pyarray(py)))
 }
 
+/// What ``rangeflow.replay`` returns: causality (transfer, chunk) and chunks, doubles
+/// (transfer, words) and chunks, postcondition (tenant, rank, chunk, words) and chunks.
+type Found = (Vec<(i64, i64)>, i64, Vec<(i64, Vec<u64>)>, i64, Vec<(i64, i64, i64, Vec<u64>)>, i64);
+
+/// The verifier's run-based data replay (see `rangeflow.rs`). Tenants' columns are CSR:
+/// `*_ptr[t]..*_ptr[t+1]` are tenant t's ranks, origins and spans.
+///
+/// Raises ValueError when an index is out of range.
+#[pyfunction]
+#[pyo3(signature = (
+    tenant, chunk, count, src, dst, reduce, event_read, event_transfer,
+    rank_ptr, rank_node, combining, num_chunks, piece, origin_ptr, origin,
+    span_ptr, span_rank, span_lo, span_hi, keep
+))]
+#[allow(clippy::too_many_arguments)]
+fn rangeflow_replay<'py>(
+    py: Python<'py>,
+    tenant: PyReadonlyArray1<'py, i64>,
+    chunk: PyReadonlyArray1<'py, i64>,
+    count: PyReadonlyArray1<'py, i64>,
+    src: PyReadonlyArray1<'py, i64>,
+    dst: PyReadonlyArray1<'py, i64>,
+    reduce: PyReadonlyArray1<'py, bool>,
+    event_read: PyReadonlyArray1<'py, bool>,
+    event_transfer: PyReadonlyArray1<'py, i64>,
+    rank_ptr: PyReadonlyArray1<'py, i64>,
+    rank_node: PyReadonlyArray1<'py, i64>,
+    combining: PyReadonlyArray1<'py, bool>,
+    num_chunks: PyReadonlyArray1<'py, i64>,
+    piece: PyReadonlyArray1<'py, i64>,
+    origin_ptr: PyReadonlyArray1<'py, i64>,
+    origin: PyReadonlyArray1<'py, i64>,
+    span_ptr: PyReadonlyArray1<'py, i64>,
+    span_rank: PyReadonlyArray1<'py, i64>,
+    span_lo: PyReadonlyArray1<'py, i64>,
+    span_hi: PyReadonlyArray1<'py, i64>,
+    keep: usize,
+) -> PyResult<Found> {
+    let (rank_ptr, rank_node) = (rank_ptr.as_slice()?, rank_node.as_slice()?);
+    let (origin_ptr, origin) = (origin_ptr.as_slice()?, origin.as_slice()?);
+    let (span_ptr, span_rank) = (span_ptr.as_slice()?, span_rank.as_slice()?);
+    let (span_lo, span_hi) = (span_lo.as_slice()?, span_hi.as_slice()?);
+    let (combining, num_chunks, piece) = (combining.as_slice()?, num_chunks.as_slice()?, piece.as_slice()?);
+    let tenants = combining.len();
+    let range = |ptr: &[i64], t: usize, len: usize| -> PyResult<std::ops::Range<usize>> {
+        let (a, b) = (ptr.get(t).copied().unwrap_or(-1), ptr.get(t + 1).copied().unwrap_or(-1));
+        usize::try_from(a).ok().zip(usize::try_from(b).ok()).filter(|&(a, b)| a <= b && b <= len)
+            .map(|(a, b)| a..b)
+            .ok_or_else(|| PyValueError::new_err(format!("rangeflow: tenant {t}: bad pointers")))
+    };
+    let mut demands = Vec::with_capacity(tenants);
+    for t in 0..tenants {
+        let spans = range(span_ptr, t, span_rank.len())?;
+        let as_count = |x: Option<&i64>, what: &str| usize::try_from(x.copied().unwrap_or(-1))
+            .map_err(|_| PyValueError::new_err(format!("rangeflow: tenant {t}: bad {what}")));
+        demands.push(Demand {
+            ranks: &rank_node[range(rank_ptr, t, rank_node.len())?],
+            combining: combining[t],
+            num_chunks: as_count(num_chunks.get(t), "chunk count")?,
+            piece: as_count(piece.get(t), "piece size")?,
+            origin: &origin[range(origin_ptr, t, origin.len())?],
+            span_rank: &span_rank[spans.clone()],
+            span_lo: &span_lo[spans.clone()],
+            span_hi: &span_hi[spans],
+        });
+    }
+    let flow = Flow {
+        tenant: tenant.as_slice()?,
+        chunk: chunk.as_slice()?,
+        count: count.as_slice()?,
+        src: src.as_slice()?,
+        dst: dst.as_slice()?,
+        reduce: reduce.as_slice()?,
+        event_read: event_read.as_slice()?,
+        event_transfer: event_transfer.as_slice()?,
+    };
+    let f = py.detach(|| rangeflow::replay(&flow, &demands, keep)).map_err(PyValueError::new_err)?;
+    Ok((f.causality, f.causality_chunks, f.doubles, f.double_chunks, f.postcondition,
+        f.postcondition_chunks))
+}
+
 #[pymodule]
 fn choreo_engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(greedy, m)?)?;
     m.add_function(wrap_pyfunction!(lower_tenant, m)?)?;
     m.add_function(wrap_pyfunction!(replay, m)?)?;
     m.add_function(wrap_pyfunction!(shortest_paths, m)?)?;
+    m.add_function(wrap_pyfunction!(rangeflow_replay, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
