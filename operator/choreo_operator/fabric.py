@@ -34,9 +34,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from choreo import generators
-from choreo.errors import InputError
+from choreo.errors import ChoreoError, InputError
 from choreo.topology import Link, NodeKind, Topology
 from choreo_api import DeviceFailure, FabricNode, FabricTopology, IntraNode, NodeFabricSpec
+from choreo_operator.grouping import footprint
 
 Ref = tuple[str, int | str]  # ("gpu", local index) or ("sw", local switch name)
 
@@ -492,8 +493,10 @@ def _between(topo: Topology, a: int, b: int) -> list[int]:
 class _Cut:
     sub: Topology
     ids: dict[int, int]
-    links: tuple[int, ...]  # the fabric links it holds
-    health: tuple[bool, ...]  # theirs, then whether each of its nodes has failed
+    links: frozenset[int]  # the fabric links it holds
+    health: tuple[frozenset[int], frozenset[int]]  # its broken links and failed nodes
+    checked: bool = False  # whether its NPUs were checked to be connected
+    disconnected: str | None = None  # why they are not
 
 
 class Subfabrics:
@@ -501,36 +504,76 @@ class Subfabrics:
 
     Every round cuts a sub-fabric per tenant group out of the live fabric, and a failure
     rebuilds that fabric; most groups do not touch the failed device, so their cut is still
-    right. Valid for one base fabric: ``clear`` when the FabricTopology or a NodeFabric
-    changes (link ids and attributes come from it)."""
+    right, and so is what was learned from it (whether its NPUs are connected). Tenants'
+    footprints depend on the wiring alone. Valid for one base fabric: ``clear`` when the
+    FabricTopology or a NodeFabric changes (link ids and attributes come from it)."""
 
     def __init__(self) -> None:
         self._cuts: dict[tuple[str, tuple[int, ...]], _Cut] = {}
+        self._footprints: dict[tuple[int, ...], frozenset[int]] = {}
         self._used: set[tuple[str, tuple[int, ...]]] = set()
+        self._used_footprints: set[tuple[int, ...]] = set()
+        self._broken: tuple[Topology, frozenset[int]] | None = None
 
     def clear(self) -> None:
         self._cuts.clear()
+        self._footprints.clear()
 
     def keep_used(self) -> None:
-        """Forget the cuts nobody asked for since the last call (groups that changed)."""
+        """Forget the cuts and footprints nobody asked for since the last call (groups that
+        changed)."""
         for key in set(self._cuts) - self._used:
             del self._cuts[key]
+        for npus in set(self._footprints) - self._used_footprints:
+            del self._footprints[npus]
         self._used.clear()
+        self._used_footprints.clear()
 
     def get(self, topo: Topology, npus: Iterable[int],
             name: str = "") -> tuple[Topology, dict[int, int]]:
+        cut = self._cut(topo, npus, name)
+        return cut.sub, cut.ids
+
+    def disconnected(self, topo: Topology, npus: Sequence[int]) -> str | None:
+        """Why the tenant on ``npus`` cannot run on its own GPUs, or None. Its sub-fabric
+        holds exactly what its data may cross (its GPUs and the switches between them)."""
+        cut = self._cut(topo, npus, "")
+        if not cut.checked:
+            try:
+                cut.sub.check_connected([cut.ids[v] for v in npus], "tenant")
+            except ChoreoError as err:
+                cut.disconnected = str(err)
+            cut.checked = True
+        return cut.disconnected
+
+    def footprint(self, topo: Topology, npus: tuple[int, ...]) -> frozenset[int]:
+        """``grouping.footprint``, once per tenant while the wiring stays."""
+        key = tuple(sorted(set(npus)))
+        self._used_footprints.add(key)
+        found = self._footprints.get(key)
+        if found is None:
+            found = self._footprints[key] = frozenset(footprint(topo, key))
+        return found
+
+    def _cut(self, topo: Topology, npus: Iterable[int], name: str) -> _Cut:
         key = (name, tuple(sorted(set(npus))))
         self._used.add(key)
         cut = self._cuts.get(key)
-        if cut is None or _health(topo, cut.links, cut.ids) != cut.health:
+        if cut is None or self._health(topo, cut.links, cut.ids) != cut.health:
             sub, ids, held = _cut(topo, key[1], name)
-            cut = _Cut(sub, ids, held, _health(topo, held, ids))
+            links = frozenset(held)
+            cut = _Cut(sub, ids, links, self._health(topo, links, ids))
             self._cuts[key] = cut
-        return cut.sub, cut.ids
+        return cut
 
-
-def _health(topo: Topology, links: Sequence[int], ids: Mapping[int, int]) -> tuple[bool, ...]:
-    return (*(topo.links[i].healthy for i in links), *(v in topo.failed for v in ids))
+    def _health(self, topo: Topology, links: frozenset[int],
+                ids: Mapping[int, int]) -> tuple[frozenset[int], frozenset[int]]:
+        """The broken links among ``links`` and the failed nodes among ``ids``: a few set
+        intersections, not a look at every link a 1000-GPU tenant's cut holds."""
+        if self._broken is None or self._broken[0] is not topo:
+            self._broken = (topo, frozenset(
+                i for i, lk in enumerate(topo.links) if not lk.healthy))
+        return self._broken[1] & links, frozenset(v for v in topo.failed if v in ids)
 
 
 def subfabric(topo: Topology, npus: Iterable[int],

@@ -10,7 +10,7 @@ differ in dialect, instances or protocol cannot share a request, so they never g
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from choreo.topology import Topology
@@ -54,8 +54,11 @@ def footprint(topo: Topology, npus: Iterable[int]) -> set[int]:
     return out
 
 
-def groups(topo: Topology, members: Sequence[Member]) -> list[Group]:
-    """Partition tenants into synthesis groups (deterministic order)."""
+def groups(topo: Topology, members: Sequence[Member],
+           footprints: Callable[[Topology, tuple[int, ...]], Set[int]] = footprint,
+           ) -> list[Group]:
+    """Partition tenants into synthesis groups (deterministic order). ``footprints``: the
+    footprint of a tenant's NPUs (a cache of ``footprint``)."""
     parent = {m.key: m.key for m in members}
 
     def find(k: str) -> str:
@@ -68,7 +71,7 @@ def groups(topo: Topology, members: Sequence[Member]) -> list[Group]:
     for m in sorted(members, key=lambda m: m.key):
         if not m.joint:
             continue
-        for i in footprint(topo, m.npus):
+        for i in footprints(topo, m.npus):
             other = owner.setdefault((m.options, i), m.key)
             if other != m.key:
                 parent[find(m.key)] = find(other)

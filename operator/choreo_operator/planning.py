@@ -16,9 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from choreo.errors import ChoreoError
 from choreo.service.client import RequestOptions, TenantRequest
-from choreo.topology import Topology
 from choreo_api import CollectiveJob, DeviceFailure, FabricTopology, NodeFabricSpec
 from choreo_operator.fabric import (
     BaseFabric,
@@ -145,7 +143,7 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
                                 f"{len(slots)} healthy GPU(s) placed; a collective needs 2")
             continue
         tenant_npus = tuple(s.npu for s in slots)
-        why = disconnected(topo, tenant_npus, subs)
+        why = subs.disconnected(topo, tenant_npus)
         if why:
             blocked[job.key] = ("Infeasible", "TenantDisconnected", why)
             continue
@@ -155,7 +153,7 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
         members.append(Member(job.key, tenant_npus, spec.isolation == "Joint",
                               (spec.dialect, spec.instances, spec.protocol)))
     plans = []
-    for group in groups(topo, members):
+    for group in groups(topo, members, subs.footprint):
         group_jobs = [ready[k] for k in group.members]
         sub, ids = subs.get(topo, [s.npu for j in group_jobs for s in live[j.key]],
                             name=f"{topo.name}-{group.scope}")
@@ -184,17 +182,6 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
                     t.name, tuple(own_ids[v] for v in own), t.collectives, t.weight)))
         plans.append(plan)
     return plans, blocked
-
-
-def disconnected(topo: Topology, npus: tuple[int, ...], subs: Subfabrics) -> str | None:
-    """Why the tenant cannot run on its own GPUs, or None. Its sub-fabric holds exactly
-    what its data may cross (its GPUs and the switches between them)."""
-    sub, ids = subs.get(topo, npus)
-    try:
-        sub.check_connected([ids[v] for v in npus], "tenant")
-    except ChoreoError as err:
-        return str(err)
-    return None
 
 
 def problem_reason(problem: str) -> str:

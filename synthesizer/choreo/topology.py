@@ -110,8 +110,7 @@ class Topology:
             object.__setattr__(new, f.name, getattr(self, f.name))
         object.__setattr__(new, "links", links)
         object.__setattr__(new, "failed", failed)
-        if "trunk_links" in self.__dict__:
-            new.__dict__["trunk_links"] = self.trunk_links
+        new.__dict__["trunk_links"] = self.trunk_links  # made once per structure
         return new
 
     @cached_property

@@ -182,6 +182,38 @@ def test_subfabrics_are_reused_until_their_own_health_changes() -> None:
     assert cache.get(inside, mine, "t")[0] is not cut
 
 
+def test_connectivity_is_learned_once_per_cut_and_follows_its_health() -> None:
+    """A tenant's verdict (connected or why not) is kept with its cut: a failure elsewhere
+    keeps both, one on the tenant's own path changes both."""
+    spec = fabric(3, type="rail", rails=8)
+    healthy = build_fabric(spec, {})
+    pair = (healthy.gpu("n0", 0), healthy.gpu("n1", 0))
+    assert None not in pair
+    mine = tuple(v for v in pair if v is not None)
+    cache = Subfabrics()
+    assert cache.disconnected(healthy.topology, mine) is None
+    elsewhere = build_fabric(spec, {}, [failure("f", "n2", "nic", nic="nic0")]).topology
+    assert cache.disconnected(elsewhere, mine) is None
+    cut = build_fabric(spec, {}, [failure("f", "n0", "nic", nic="nic0")]).topology
+    why = cache.disconnected(cut, mine)
+    assert why is not None and ("disconnected" in why or "no usable links" in why)
+    assert cache.disconnected(healthy.topology, mine) is None  # the link came back
+
+
+def test_footprints_are_cached_per_tenant_and_forgotten_when_unused() -> None:
+    from choreo_operator.grouping import footprint
+
+    fab = build_fabric(fabric(3, type="rail", rails=8), {})
+    topo = fab.topology
+    cache = Subfabrics()
+    mine = tuple(v for v in (fab.gpu("n1", g) for g in range(8)) if v is not None)
+    first = cache.footprint(topo, mine)
+    assert first == footprint(topo, mine) and cache.footprint(topo, mine[::-1]) is first
+    cache.keep_used()
+    cache.keep_used()
+    assert cache.footprint(topo, mine) is not first
+
+
 def test_fabric_topology_from_body() -> None:
     ft = model.fabric_topology({"metadata": {"name": "x", "generation": 3}, "spec": {
         "nodes": [{"name": "b", "position": 1}, {"name": "a", "position": 0}],
