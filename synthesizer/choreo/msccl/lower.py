@@ -255,17 +255,7 @@ class _Program:
         """Every destination ends with its chunk; a rank's own data is copied i -> o. A chunk
         that never arrives is kept as ``self.missing`` and raised after the hazard errors."""
         coll, n, C, root, d = self.coll, self.n, self.C, self.root, self.demand
-        span = d.num_chunks + 1
-        recv_lo = self.dst * span + self.chunk
-        edges = np.concatenate([recv_lo, recv_lo + self.count])
-        step = np.concatenate([np.ones(self.T, dtype=np.int64), -np.ones(self.T, dtype=np.int64)])
-        order = np.argsort(edges, kind="stable")
-        edges, depth = edges[order], np.cumsum(step[order])
-        chunks, ranks = destination_pairs(d)
-        at = ranks * span + chunks
-        pos = np.searchsorted(edges, at, side="right") - 1
-        covered = (pos >= 0) & (depth[np.maximum(pos, 0)] > 0)
-        c, g = chunks[~covered], ranks[~covered]
+        c, g = self._not_received()
         out = output_index(coll, n, C, c, g, root)
         idx = input_index(coll, n, C, c, g, root)
         keep = out >= 0
@@ -276,6 +266,45 @@ class _Program:
             self.missing = (f"tenant {self.tenant}: chunk {int(c[b])} never reaches rank "
                             f"{int(g[b])} (NPU {d.ranks[int(g[b])]}); the schedule is incomplete")
         self.copies = (g[keep], idx[keep], out[keep])
+
+    def _not_received(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (chunk, rank) destination pairs no transfer writes, by chunk then rank.
+
+        Received ranges are merged per rank (keys ``rank * span + chunk``); where every rank
+        wants every chunk (AllReduce, AllGather, Broadcast) the gaps are cut out of whole
+        ranks rather than looking up each of the ``ranks x chunks`` pairs, millions at 1024
+        GPUs."""
+        d = self.demand
+        span = d.num_chunks + 1
+        recv_lo = self.dst * span + self.chunk
+        edges = np.concatenate([recv_lo, recv_lo + self.count])
+        step = np.concatenate([np.ones(self.T, dtype=np.int64), -np.ones(self.T, dtype=np.int64)])
+        order = np.argsort(edges, kind="stable")
+        edges, depth = edges[order], np.cumsum(step[order])
+        if d.single_destination is not None:
+            chunks, ranks = destination_pairs(d)
+            pos = np.searchsorted(edges, ranks * span + chunks, side="right") - 1
+            covered = (pos >= 0) & (depth[np.maximum(pos, 0)] > 0)
+            return chunks[~covered], ranks[~covered]
+        # Gaps: before the first edge, [edges[k], edges[k+1]) where depth[k] == 0, and after
+        # the last edge; rank r wants the keys [r * span, r * span + num_chunks).
+        if len(edges):
+            zero = depth[:-1] == 0
+            gap_lo = np.concatenate([[0], edges[:-1][zero], edges[-1:]])
+            gap_hi = np.concatenate([edges[:1], edges[1:][zero], [d.n * span]])
+        else:
+            gap_lo, gap_hi = np.zeros(1, dtype=np.int64), np.full(1, d.n * span)
+        # A gap may cross ranks: one piece per rank it touches.
+        first = gap_lo // span
+        gap, rank = _spread(first, np.maximum(gap_hi - 1, gap_lo) // span - first + 1)
+        lo = np.maximum(gap_lo[gap] - rank * span, 0)
+        hi = np.minimum(gap_hi[gap] - rank * span, d.num_chunks)
+        whole = (hi > lo) & (rank < d.n)
+        piece, chunks = _spread(lo[whole], hi[whole] - lo[whole])
+        ranks = rank[whole][piece]
+        order = np.lexsort((ranks, chunks))
+        return chunks[order], ranks[order]
+
 
     def _channels(self) -> None:
         """Base channel per connection: per rank at most 32 send and 32 receive peers each."""
@@ -419,3 +448,10 @@ class _Program:
                 f"ranks={self.n} chunks={self.C} instances={instances} root={self.root}"
                 + (f" tenant={d.name}" if d.name and "--" not in d.name and " " not in d.name
                    else ""))
+
+
+def _spread(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranges ``first[i] .. first[i] + count[i] - 1`` laid end to end: (i, value) per item."""
+    which = np.repeat(np.arange(len(first)), count)
+    offset = np.arange(len(which)) - np.repeat(np.cumsum(count) - count, count)
+    return which, first[which] + offset
