@@ -169,6 +169,15 @@ def test_split_per_node_keeps_each_nodes_gpus() -> None:
         split_per_node(xml.replace("<gpu ", "<!-- <gpu id='0'> --><gpu ", 1), nodes)
     with pytest.raises(InputError, match="not <algo>"):
         split_per_node("<x><algo ngpus='16'/></x>", nodes)
+    # Unparsed, the cut still refuses text it would not cut into whole elements.
+    assert split_per_node(xml, nodes, check_xml=False) == parts
+    cut_short = xml[:xml.rindex("</gpu>")]
+    with pytest.raises(InputError, match="never closed"):
+        split_per_node(cut_short, nodes, check_xml=False)
+    with pytest.raises(InputError, match="end with </algo>"):
+        split_per_node(xml.replace("</algo>", "<extra/></algo>"), nodes, check_xml=False)
+    with pytest.raises(InputError, match="other than <gpu>"):
+        split_per_node(xml.replace("<gpu ", "<note/><gpu ", 1), nodes, check_xml=False)
 
 
 def test_split_per_node_cuts_the_gpus_out_unchanged() -> None:
