@@ -155,7 +155,9 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
     plans = []
     for group in groups(topo, members, subs.footprint):
         group_jobs = [ready[k] for k in group.members]
-        sub, ids = subs.get(topo, [s.npu for j in group_jobs for s in live[j.key]],
+        # The cut keeps the members' failed GPUs too, as failed: a GPU's place among its
+        # host's GPUs is its rail, which the hierarchical plan aligns hosts by.
+        sub, ids = subs.get(topo, [s.npu for j in group_jobs for s in placements[j.key].slots],
                             name=f"{topo.name}-{group.scope}")
         tenants = [TenantRequest(j.key, tuple(ids[s.npu] for s in live[j.key]),
                                  j.spec.collectives, j.spec.weight) for j in group_jobs]
@@ -176,10 +178,11 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
         if len(group_jobs) > 1:
             # What each tenant gets alone, should the synthesizer refuse the joint request.
             for j, t in zip(group_jobs, tenants, strict=True):
-                own = [s.npu for s in live[j.key]]
-                alone, own_ids = subs.get(topo, own, name=f"{topo.name}-{group.scope}-1")
+                placed = [s.npu for s in placements[j.key].slots]
+                alone, own_ids = subs.get(topo, placed, name=f"{topo.name}-{group.scope}-1")
                 plan.singles.append((alone, TenantRequest(
-                    t.name, tuple(own_ids[v] for v in own), t.collectives, t.weight)))
+                    t.name, tuple(own_ids[s.npu] for s in live[j.key]), t.collectives,
+                    t.weight)))
         plans.append(plan)
     return plans, blocked
 

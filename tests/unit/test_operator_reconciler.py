@@ -247,6 +247,32 @@ def test_planning_is_a_pure_function_of_the_inputs() -> None:
     assert [[j.key for j in p.members] for p in plans] == [["ns/a"]]
 
 
+def test_a_failed_gpu_stays_in_the_request_fabric_so_rails_stay_aligned() -> None:
+    """The request's fabric keeps a tenant's failed GPU, failed: every GPU keeps its place
+    among its host's GPUs, which is its rail for the hierarchical plan. Dropped, the GPUs
+    after it would shift one rail over on that host only."""
+    from choreo.hierarchy import hosts_of
+
+    coll = {"name": "grads", "collective": "allreduce", "minBytes": 1 << 20, "maxBytes": 1 << 22}
+    pods = [PodInfo("ns", f"a{r}", f"a{r}", (("t", "a"),), f"n{r}", 8, None,
+                    (("batch.kubernetes.io/job-completion-index", str(r)),), (), True)
+            for r in range(2)]
+    inputs = Inputs([fabric(2, type="rail", rails=8)], {}, [failure("f", "n0", "gpu", gpu=2)],
+                    {n: NodeInfo(n, True, 8) for n in ("n0", "n1")},
+                    [job("a", collectives=[coll])], pods)
+    fab, _ = FabricCache().fabric(inputs)
+    assert fab is not None
+    [plan], _ = plan_groups(inputs.jobs, place(inputs.jobs, inputs.pods, fab), fab,
+                            max_buckets=4, restarts=2, timeout_seconds=60.0)
+    sub, [tenant] = plan.request_fabric, plan.tenants
+    assert len(sub.all_npus) == 16 and len(tenant.npus) == 15
+    [failed] = sub.failed
+    assert sub.node_name(failed) == "n0/gpu2" and failed not in tenant.npus
+    hosts = hosts_of(sub, tenant.npus)
+    assert hosts is not None
+    assert [[slot for slot, _ in h] for h in hosts] == [[0, 1, 3, 4, 5, 6, 7], list(range(8))]
+
+
 def test_infeasible_keeps_the_old_schedule() -> None:
     api = FakeApi()
     synth = FakeSynth()
