@@ -145,9 +145,17 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
               for key, items in slots.items()}
     files = {key: _files(items, work, f"tenants[{key[0]}].collectives[{key[1]}]")
              for key, items in solved.items()}
-    judged = _share([_Judge(s) for s in schedules], helper, lambda done, _task: say(
-        "evaluating", f"{done} of {len(schedules)} schedules judged", len(rounds) + done,
-        total))
+    judges: list[Task] = [_Judge(s) for s in schedules]
+    every = [(key, b) for key in solved for b in range(len(files[key]))]
+    # One round leaves the helper idle while the worker judges it: the files are lowered
+    # meanwhile, and those NCCL is predicted to beat are dropped unsent.
+    ahead = helper is not None and len(schedules) == 1
+    encodes: list[Task] = [_Encode(files[key][b], opts.gzip) for key, b in every] if ahead else []
+    what = "schedules judged and files lowered" if ahead else "schedules judged"
+    first = _share(judges + encodes, helper, lambda done, task: say(
+        "lowering" if isinstance(task, _Encode) else "evaluating",
+        f"{done} of {len(judges) + len(encodes)} {what}", len(rounds) + done, total))
+    judged, early = first[:len(judges)], dict(zip(every, first[len(judges):], strict=False))
 
     def nccl_runs(s: _Solved) -> bool:
         """NCCL is predicted faster for this bucket: it gets no file (unless asked to)."""
@@ -156,7 +164,7 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
 
     lowered = [(key, b) for key in solved for b, f in enumerate(files[key])
                if not nccl_runs(solved[key][f.bucket])]
-    encoded = dict(zip(lowered, _share(
+    encoded = {kb: early[kb] for kb in lowered} if ahead else dict(zip(lowered, _share(
         [_Encode(files[key][b], opts.gzip) for key, b in lowered], helper,
         lambda done, _task: say("lowering", f"{done} of {len(lowered)} files lowered",
                                 2 * len(rounds) + done, total)), strict=True))
