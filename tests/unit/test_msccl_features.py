@@ -178,6 +178,8 @@ def test_split_per_node_keeps_each_nodes_gpus() -> None:
         split_per_node(xml.replace("</algo>", "<extra/></algo>"), nodes, check_xml=False)
     with pytest.raises(InputError, match="other than <gpu>"):
         split_per_node(xml.replace("<gpu ", "<note/><gpu ", 1), nodes, check_xml=False)
+    with pytest.raises(InputError, match="nested"):
+        split_per_node(xml.replace("</gpu>", '<gpu id="1"/></gpu>', 1), nodes, check_xml=False)
 
 
 def test_split_per_node_cuts_the_gpus_out_unchanged() -> None:
