@@ -134,12 +134,16 @@ def scheduler_args(layout: Layout, ports: Mapping[str, int]) -> list[str]:
     ]
 
 
+NODE_LEASE_SECONDS = 40  # the kubelet's default; kwok renews each node's Lease within it
+
+
 def kwok_args(layout: Layout) -> list[str]:
     """kwok managing every node; it serves nothing, it only talks to the API server."""
     return [
         f"--kubeconfig={layout.kubeconfig}",
         f"--config={layout.kwok_config}",
         "--manage-all-nodes=true",
+        f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
         f"--cidr={POD_CIDR}",
         f"--node-ip={SERVICE_IP}",
     ]

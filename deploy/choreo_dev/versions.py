@@ -27,10 +27,13 @@ _K8S_VERSION_FLAGS: tuple[str, ...] = tuple(
 )
 
 # Stage files that drive kwok's fake nodes and pods, copied from the kwok module at build
-# time so that starting the cluster never needs the Go module cache.
+# time so that starting the cluster never needs the Go module cache. Nodes heartbeat as
+# kubelets do since node leases: the Lease every 10 s, the status every 10-20 min (kwokctl's
+# stages with leases on). Re-posting 1000 nodes' status every 20-45 s instead kept the API
+# server and a node-watching operator busy with traffic no real cluster sends.
 KWOK_STAGE_FILES: tuple[str, ...] = (
     "node/fast/node-initialize.yaml",
-    "node/heartbeat/node-heartbeat.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
     "node/chaos/node-not-ready.yaml",
     "pod/fast/pod-ready.yaml",
     "pod/fast/pod-complete.yaml",
