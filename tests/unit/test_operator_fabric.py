@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import pytest
 from api_helpers import fabric, failure, node_fabric, valid
 
 from choreo import generators
@@ -182,9 +185,18 @@ def test_subfabrics_are_reused_until_their_own_health_changes() -> None:
     assert cache.get(inside, mine, "t")[0] is not cut
 
 
-def test_connectivity_is_learned_once_per_cut_and_follows_its_health() -> None:
+def test_connectivity_is_learned_once_per_cut_and_follows_its_health(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A tenant's verdict (connected or why not) is kept with its cut: a failure elsewhere
     keeps both, one on the tenant's own path changes both."""
+    checks: list[int] = []
+    real = Topology.check_connected
+
+    def counted(self: Topology, npus: Sequence[int], where: str = "topology") -> None:
+        checks.append(len(npus))
+        real(self, npus, where)
+
+    monkeypatch.setattr(Topology, "check_connected", counted)
     spec = fabric(3, type="rail", rails=8)
     healthy = build_fabric(spec, {})
     pair = (healthy.gpu("n0", 0), healthy.gpu("n1", 0))
@@ -194,10 +206,12 @@ def test_connectivity_is_learned_once_per_cut_and_follows_its_health() -> None:
     assert cache.disconnected(healthy.topology, mine) is None
     elsewhere = build_fabric(spec, {}, [failure("f", "n2", "nic", nic="nic0")]).topology
     assert cache.disconnected(elsewhere, mine) is None
+    assert len(checks) == 1  # the same cut: checked once
     cut = build_fabric(spec, {}, [failure("f", "n0", "nic", nic="nic0")]).topology
     why = cache.disconnected(cut, mine)
     assert why is not None and ("disconnected" in why or "no usable links" in why)
     assert cache.disconnected(healthy.topology, mine) is None  # the link came back
+    assert len(checks) == 3
 
 
 def test_footprints_are_cached_per_tenant_and_forgotten_when_unused() -> None:

@@ -305,7 +305,6 @@ class _Program:
         order = np.lexsort((ranks, chunks))
         return chunks[order], ranks[order]
 
-
     def _channels(self) -> None:
         """Base channel per connection: per rank at most 32 send and 32 receive peers each."""
         conn_of: dict[tuple[int, int, int], int] = {}

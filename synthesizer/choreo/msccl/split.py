@@ -27,7 +27,7 @@ def split_per_node(xml: str, node_of_rank: Sequence[str], *,
     which tells ``validate`` the file is partial.
 
     The ``<gpu>`` elements are cut out of the text as they are, not parsed into a tree and
-    written again: a 1024-GPU file is 17 MB, and a tree round trip costs seconds. The cut
+    written again: a 1024-GPU file is up to 68 MB, and a tree round trip costs seconds. The cut
     checks what it relies on: each ``<gpu>`` closes before the next opens, and only
     whitespace lies between them and around ``</algo>``, so the pieces are the file. With
     ``check_xml`` expat first checks the whole file is well-formed; the operator skips that

@@ -155,7 +155,8 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
     first = _share(judges + encodes, helper, lambda done, task: say(
         "lowering" if isinstance(task, _Encode) else "evaluating",
         f"{done} of {len(judges) + len(encodes)} {what}", len(rounds) + done, total))
-    judged, early = first[:len(judges)], dict(zip(every, first[len(judges):], strict=False))
+    judged = first[:len(judges)]
+    early = dict(zip(every, first[len(judges):], strict=True)) if ahead else {}
 
     def nccl_runs(s: _Solved) -> bool:
         """NCCL is predicted faster for this bucket: it gets no file (unless asked to)."""

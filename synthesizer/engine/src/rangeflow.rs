@@ -182,6 +182,7 @@ struct Tenant<'a> {
     arena: Arena,
     rank_of: HashMap<i64, usize>,
     bits: Vec<u32>, // per rank, its own contribution (combining)
+    full: u32,      // what every destination must end with: all ranks, or held
     runs: HashMap<i64, Runs>,
 }
 
@@ -190,24 +191,25 @@ impl<'a> Tenant<'a> {
         let n = d.ranks.len();
         let mut arena = Arena::new(if d.combining { n } else { 1 });
         let bits = if d.combining { (0..n).map(|r| arena.bit(r)).collect() } else { vec![] };
+        let full = if d.combining { arena.full(n) } else { arena.bit(0) };
         if !d.combining && d.origin.len() * d.piece.max(1) < d.num_chunks {
             return Err(format!("rangeflow: {} origins of {} chunks for {} chunks",
                                d.origin.len(), d.piece, d.num_chunks));
         }
         let rank_of = d.ranks.iter().enumerate().map(|(r, &v)| (v, r)).collect();
-        Ok(Tenant { d, arena, rank_of, bits, runs: HashMap::new() })
+        Ok(Tenant { d, arena, rank_of, bits, full, runs: HashMap::new() })
     }
 
     /// The node's runs, made as they stand before anything moves on first use.
     fn runs(&mut self, v: i64) -> &mut Runs {
-        let Tenant { d, arena, rank_of, bits, runs } = self;
+        let Tenant { d, arena, rank_of, bits, full, runs } = self;
         runs.entry(v).or_insert_with(|| {
             let nc = d.num_chunks;
             let rank = rank_of.get(&v).copied();
             if d.combining {
                 return Runs { bounds: vec![0, nc], vals: vec![rank.map_or(0, |r| bits[r])] };
             }
-            let held = arena.bit(0);
+            let held = *full;
             let mut out = Runs { bounds: vec![0], vals: vec![0] };
             for (p, &o) in d.origin.iter().enumerate() {
                 let c = p * d.piece;
@@ -287,7 +289,7 @@ pub fn replay(flow: &Flow, demands: &[Demand], keep: usize) -> Result<Findings, 
     }
     for (ti, t) in tenants.iter_mut().enumerate() {
         let d = t.d;
-        let full = if d.combining { t.arena.full(d.ranks.len()) } else { t.arena.bit(0) };
+        let full = t.full;
         if d.span_lo.len() != d.span_rank.len() || d.span_hi.len() != d.span_rank.len() {
             return Err("rangeflow: span columns of different lengths".into());
         }
