@@ -21,7 +21,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from choreo_api import GROUP, VERSION, CollectiveJob, DeviceFailure, FabricTopology, NodeFabricSpec
 from choreo_api.kube import describe
-from choreo_operator import certs, metrics, model, sources, webhook
+from choreo_operator import certs, metrics, model, sources, toggles, webhook
 from choreo_operator.config import Config
 from choreo_operator.kube import CALL_ERRORS, Kube, connection_info, load_configuration
 from choreo_operator.leader import Election, Elector
@@ -29,6 +29,7 @@ from choreo_operator.reconciler import Inputs, Reconciler, Settings
 from choreo_operator.synthclient import SynthesizerClient
 
 log = logging.getLogger("choreo.operator")
+toggles.install()  # index readiness in wake-ups linear in the objects listed
 registry = kopf.OperatorRegistry()
 G, V = GROUP, VERSION
 
