@@ -111,7 +111,11 @@ class Kube:
                       content_type: str = JSON, timeout: float = 15.0, accept: str = JSON,
                       answer: bool = True) -> Any:
         """The decoded answer, or None with ``answer=False`` (a created ConfigMap is echoed
-        back whole, megabytes nobody reads)."""
+        back whole, megabytes nobody reads).
+
+        ``timeout`` bounds connecting and each wait for the server, not the wait for one of
+        the pool's connections: in a burst (every tenant published at once) calls queue
+        there, and timing them out made whole rounds fail and be synthesized again."""
         await self._ready.wait()
         api = self._client
         assert api is not None
@@ -120,7 +124,8 @@ class Kube:
             headers["Content-Type"] = content_type
         resp = await api.call_api(path, method, header_params=headers, body=body,
                                   auth_settings=["BearerToken"], _preload_content=False,
-                                  _request_timeout=timeout)
+                                  _request_timeout=aiohttp.ClientTimeout(
+                                      sock_connect=timeout, sock_read=timeout))
         async with resp:
             raw = await resp.read()
             if not 200 <= resp.status <= 299:

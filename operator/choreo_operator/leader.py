@@ -132,8 +132,12 @@ class Elector:
         e = self.election
         renewed = time.monotonic()
         while True:
+            # A leader's renewal may take no longer than its lead lasts: a call still
+            # hanging when the Lease could have passed to another replica counts as lost.
+            budget = e.renew_seconds - (time.monotonic() - renewed) if self.leading else None
             try:
-                ok = await self.try_acquire_or_renew()
+                ok = await asyncio.wait_for(self.try_acquire_or_renew(),
+                                            None if budget is None else max(budget, 0.1))
             except CALL_ERRORS as err:
                 log.warning("Lease %s/%s: %s", e.namespace, e.name, describe(err))
                 ok = False

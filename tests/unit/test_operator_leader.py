@@ -84,3 +84,48 @@ def test_a_released_lease_is_taken_at_once() -> None:
         assert await b.try_acquire_or_renew()
 
     asyncio.run(main())
+
+
+class HangingStore(LeaseStore):
+    """An API server that stops answering: every call after ``hang`` is set never returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hang = False
+
+    async def get(self, path: str) -> Any:
+        if self.hang:
+            await asyncio.Event().wait()
+        return await super().get(path)
+
+
+def test_a_leader_whose_renewal_hangs_stops_leading_within_its_renew_time() -> None:
+    store = HangingStore()
+    a = _elector(store, "a")
+    events: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def started() -> None:
+            events.append(("started", loop.time()))
+
+        async def stopped() -> None:
+            events.append(("stopped", loop.time()))
+
+        task = asyncio.create_task(a.run(started, stopped))
+        while not a.leading:
+            await asyncio.sleep(0.01)
+        store.hang = True
+        hung_at = loop.time()
+        for _ in range(200):
+            if not a.leading:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        assert not a.leading, "still leading while no renewal could complete"
+        assert events[-1][0] == "stopped"
+        # within renew_seconds (0.2) of the last renewal, plus a retry's sleep
+        assert events[-1][1] - hung_at < 0.2 + 0.05 + 0.1
+
+    asyncio.run(main())
