@@ -68,7 +68,7 @@ def etcd_args(layout: Layout, ports: Mapping[str, int]) -> list[str]:
         f"--initial-advertise-peer-urls={peer}",
         f"--initial-cluster=choreo={peer}",
         "--unsafe-no-fsync=true",
-        "--quota-backend-bytes=2147483648",
+        "--quota-backend-bytes=8589934592",  # etcd's suggested maximum: 200 tenants' schedules
         "--log-level=warn",
     ]
 

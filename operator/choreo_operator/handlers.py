@@ -24,7 +24,7 @@ from choreo_api.kube import describe
 from choreo_operator import certs, metrics, model, sources, toggles, webhook
 from choreo_operator.config import Config
 from choreo_operator.kube import CALL_ERRORS, Kube, connection_info, load_configuration
-from choreo_operator.leader import Election, Elector
+from choreo_operator.leader import Election, ElectionThread
 from choreo_operator.reconciler import Inputs, Reconciler, Settings
 from choreo_operator.synthclient import SynthesizerClient
 
@@ -50,8 +50,9 @@ class Runtime:
         self.reconciler = self.new_reconciler()
         self.task: asyncio.Task[None] | None = None
         self.webhook_task: asyncio.Task[None] | None = None
-        self.elector: Elector | None = None
-        self.election_task: asyncio.Task[None] | None = None
+        self.elector = ElectionThread(self.lease_api, Election(
+            config.lease_namespace, config.lease_name, config.identity)
+        ) if config.leader_election else None
         self.stepped_down_at: int | None = None  # the Lease's transitions when this stopped
         self.webhook_ca = b""
         self.sources = sources.Resolver()
@@ -127,8 +128,9 @@ async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo | None:
     except ConfigException as err:
         log.error("no Kubernetes credentials: %s", describe(err))
         return None
-    for api in (rt.api, rt.lease_api):
-        await api.login(cfg)
+    await rt.api.login(cfg)
+    if rt.elector is not None:  # the Lease client lives on the election's own loop
+        await rt.elector.call(rt.lease_api.login(cfg))
     return await connection_info(cfg)
 
 
@@ -159,11 +161,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
             addr=cfg.webhook_addr, port=cfg.webhook_port, host=host,
             certfile=str(serving.cert_path), pkeyfile=str(serving.key_path))
         rt.webhook_ca = serving.ca_pem
-    if not cfg.leader_election:
+    if rt.elector is None:
         await _lead(rt)
         return
-    rt.elector = Elector(rt.lease_api,
-                         Election(cfg.lease_namespace, cfg.lease_name, cfg.identity))
     metrics.LEADER.set(0)
 
     async def lead() -> None:
@@ -184,8 +184,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         metrics.LEADER.set(0)
         metrics.forget_tenants()
 
-    rt.election_task = asyncio.create_task(rt.elector.run(lead, step_down),
-                                           name="choreo-election")
+    await rt.elector.start(lead, step_down)
 
 
 async def _lead(rt: Runtime) -> None:
@@ -225,16 +224,16 @@ async def _register_webhook(rt: Runtime) -> None:
 @kopf.on.cleanup(registry=registry)
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     rt = _rt(memo)
-    if rt.election_task is not None:
-        rt.election_task.cancel()
+    if rt.elector is not None:
+        rt.elector.cancel()
     if rt.task is not None:
         rt.task.cancel()
     await rt.reconciler.stop()
-    if rt.elector is not None and rt.elector.leading:
-        await rt.elector.release()  # nothing is written after this: a standby may lead now
+    if rt.elector is not None:
+        # nothing is written after this: a standby may lead now
+        await rt.elector.close(rt.lease_api.close)
     await rt.synth.close()
-    for api in (rt.api, rt.lease_api):
-        await api.close()
+    await rt.api.close()
 
 
 # ---- indexes ---------------------------------------------------------------------------------

@@ -15,17 +15,20 @@ Every replica keeps its kopf indexes warm; only the leader reconciles and writes
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from choreo_api.kube import describe
 from choreo_operator.kube import CALL_ERRORS, ApiException
 
 log = logging.getLogger("choreo.operator.leader")
+T = TypeVar("T")
 
 
 class LeaseApi(Protocol):
@@ -154,3 +157,72 @@ class Elector:
                           e.namespace, e.name, self.holder, time.monotonic() - renewed)
                 await on_stopped()
             await asyncio.sleep(e.retry_seconds)
+
+
+class ElectionThread:
+    """An Elector on a thread and event loop of its own, as client-go runs it in a goroutine.
+
+    On the operator's loop a renewal waits behind whatever runs there: with 5,000 nodes, a
+    round's placement and the per-pod cuts held that loop for seconds, renewals timed out
+    every 15 s and every step-down dropped the round in flight, so nothing was published.
+    Here renewals keep their cadence (the GIL is handed over every few milliseconds);
+    ``on_started`` and ``on_stopped`` still run on the caller's loop, which owns what they
+    start and stop. ``api`` is used only on this thread's loop.
+    """
+
+    def __init__(self, api: LeaseApi, election: Election) -> None:
+        self.elector = Elector(api, election)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="choreo-lease")
+        self._task: concurrent.futures.Future[None] | None = None
+
+    @property
+    def leading(self) -> bool:
+        return self.elector.leading
+
+    @property
+    def transitions(self) -> int:
+        return self.elector.transitions
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the election's loop (the Lease client's login, its closing)."""
+        if not self._thread.is_alive():
+            self._thread.start()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    async def start(self, on_started: Callable[[], Awaitable[None]],
+                    on_stopped: Callable[[], Awaitable[None]]) -> None:
+        """Campaign; the callbacks run on the calling loop."""
+        home = asyncio.get_running_loop()
+
+        def there(callback: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+            async def run() -> None:
+                await asyncio.wrap_future(
+                    asyncio.run_coroutine_threadsafe(_awaited(callback), home))
+            return run
+
+        if not self._thread.is_alive():
+            self._thread.start()
+        self._task = asyncio.run_coroutine_threadsafe(
+            self.elector.run(there(on_started), there(on_stopped)), self._loop)
+
+    def cancel(self) -> None:
+        """Stop campaigning; a Lease held stays held until ``close``."""
+        if self._task is not None:
+            self._task.cancel()
+
+    async def close(self, close_api: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Hand the Lease back if held, close the Lease client on its loop, end the thread."""
+        self.cancel()
+        if self._thread.is_alive():
+            if self.elector.leading:
+                await self.call(self.elector.release())
+            if close_api is not None:
+                await self.call(_awaited(close_api))
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.to_thread(self._thread.join, 5.0)
+
+
+async def _awaited(callback: Callable[[], Awaitable[None]]) -> None:
+    await callback()

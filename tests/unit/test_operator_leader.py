@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
+import time
 from typing import Any
 
 from kubernetes_asyncio.client import ApiException
 
-from choreo_operator.leader import Election, Elector
+from choreo_operator.leader import Election, ElectionThread, Elector
 
 
 class LeaseStore:
@@ -127,5 +129,36 @@ def test_a_leader_whose_renewal_hangs_stops_leading_within_its_renew_time() -> N
         assert events[-1][0] == "stopped"
         # within renew_seconds (0.2) of the last renewal, plus a retry's sleep
         assert events[-1][1] - hung_at < 0.2 + 0.05 + 0.1
+
+    asyncio.run(main())
+
+
+def test_renewals_keep_their_cadence_while_the_operators_loop_is_busy() -> None:
+    store = LeaseStore()
+    election = ElectionThread(store, Election("default", "op", "a", lease_seconds=0.3,
+                                              renew_seconds=0.2, retry_seconds=0.05))
+    calls: list[tuple[str, int]] = []
+
+    async def main() -> None:
+        async def started() -> None:
+            calls.append(("started", threading.get_ident()))
+
+        async def stopped() -> None:
+            calls.append(("stopped", threading.get_ident()))
+
+        await election.start(started, stopped)
+        for _ in range(200):
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+        assert calls == [("started", threading.get_ident())], calls  # on this loop
+        before = store.version
+        time.sleep(1.0)  # a round holding the loop five times the renew time
+        assert store.version - before >= 5, "renewals stalled behind the busy loop"
+        await asyncio.sleep(0.1)
+        assert election.leading and [c for c, _ in calls] == ["started"]
+        election.cancel()
+        await election.close()
+        assert store.lease is not None and store.lease["spec"]["holderIdentity"] == ""
 
     asyncio.run(main())
