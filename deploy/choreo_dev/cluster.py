@@ -66,8 +66,10 @@ def early_exit_message(name: str, code: int | None, log_path: Path) -> str:
 class Cluster:
     """One local cluster, identified by its state directory."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, node_lease_seconds: int = config.NODE_LEASE_SECONDS
+                 ) -> None:
         self.layout = Layout(state_dir.resolve())
+        self.node_lease_seconds = node_lease_seconds
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     # ---- queries ---------------------------------------------------------------------------
@@ -162,7 +164,8 @@ class Cluster:
         return token
 
     def _launch(self, name: str, exe: Path, ports: Mapping[str, int]) -> None:
-        argv = [str(exe), *config.component_args(name, self.layout, ports)]
+        argv = [str(exe), *config.component_args(name, self.layout, ports,
+                                                 self.node_lease_seconds)]
         log = self.layout.log(name)
         log.write_text("")
         self._children[name] = procs.start(name, argv, log, self.layout.run)

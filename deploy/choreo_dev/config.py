@@ -55,6 +55,9 @@ def render_kubeconfig(server: str, ca_pem: bytes, token: str) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
+NODE_LEASE_SECONDS = 40  # the kubelet's default; kwok renews each node's Lease within it
+
+
 def etcd_args(layout: Layout, ports: Mapping[str, int]) -> list[str]:
     """etcd as a single member; fsync is off because this data is disposable and speed wins."""
     client = f"http://{HOST}:{ports['etcd-client']}"
@@ -112,9 +115,12 @@ def _client_flags(layout: Layout) -> list[str]:
     ]
 
 
-def controller_manager_args(layout: Layout, ports: Mapping[str, int]) -> list[str]:
-    """kube-controller-manager without node IPAM (kwok assigns pod IPs itself)."""
+def controller_manager_args(layout: Layout, ports: Mapping[str, int],
+                            node_lease_seconds: int = NODE_LEASE_SECONDS) -> list[str]:
+    """kube-controller-manager without node IPAM (kwok assigns pod IPs itself); a node
+    whose Lease is not renewed for its duration and 10 s more is not ready."""
     return [
+        f"--node-monitor-grace-period={max(50, node_lease_seconds + 10)}s",
         *_client_flags(layout),
         f"--secure-port={ports['kube-controller-manager']}",
         f"--service-account-private-key-file={layout.sa_key}",
@@ -134,33 +140,32 @@ def scheduler_args(layout: Layout, ports: Mapping[str, int]) -> list[str]:
     ]
 
 
-NODE_LEASE_SECONDS = 40  # the kubelet's default; kwok renews each node's Lease within it
-
-
-def kwok_args(layout: Layout) -> list[str]:
+def kwok_args(layout: Layout, node_lease_seconds: int = NODE_LEASE_SECONDS) -> list[str]:
     """kwok managing every node; it serves nothing, it only talks to the API server."""
     return [
         f"--kubeconfig={layout.kubeconfig}",
         f"--config={layout.kwok_config}",
         "--manage-all-nodes=true",
-        f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+        f"--node-lease-duration-seconds={node_lease_seconds}",
         f"--cidr={POD_CIDR}",
         f"--node-ip={SERVICE_IP}",
     ]
 
 
-def component_args(name: str, layout: Layout, ports: Mapping[str, int]) -> list[str]:
-    """The flags of one control-plane component."""
+def component_args(name: str, layout: Layout, ports: Mapping[str, int],
+                   node_lease_seconds: int = NODE_LEASE_SECONDS) -> list[str]:
+    """The flags of one control-plane component; ``node_lease_seconds`` is the fake nodes'
+    Lease duration (kwok renews within it)."""
     if name == "etcd":
         return etcd_args(layout, ports)
     if name == "kube-apiserver":
         return apiserver_args(layout, ports)
     if name == "kube-controller-manager":
-        return controller_manager_args(layout, ports)
+        return controller_manager_args(layout, ports, node_lease_seconds)
     if name == "kube-scheduler":
         return scheduler_args(layout, ports)
     if name == "kwok":
-        return kwok_args(layout)
+        return kwok_args(layout, node_lease_seconds)
     raise KeyError(f"unknown component {name!r}")
 
 

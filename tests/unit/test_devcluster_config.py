@@ -160,3 +160,14 @@ def test_kwok_keeps_labelled_job_pods_running() -> None:
 def test_kwok_status_templates_stay_block_literals() -> None:
     text = render_kwok_stages([NODE_INIT])
     assert "statusTemplate: |" in text
+
+
+def test_node_lease_duration_reaches_kwok_and_the_node_lifecycle_grace() -> None:
+    layout = Layout(Path("/state"))
+    assert "--node-lease-duration-seconds=40" in component_args("kwok", layout, PORTS)
+    assert "--node-monitor-grace-period=50s" in component_args(
+        "kube-controller-manager", layout, PORTS)
+    assert "--node-lease-duration-seconds=200" in component_args("kwok", layout, PORTS, 200)
+    # a node is not marked unready between two renewals of a longer Lease
+    assert "--node-monitor-grace-period=210s" in component_args(
+        "kube-controller-manager", layout, PORTS, 200)
