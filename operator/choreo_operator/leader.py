@@ -206,6 +206,7 @@ class ElectionThread:
             self._thread.start()
         self._task = asyncio.run_coroutine_threadsafe(
             self.elector.run(there(on_started), there(on_stopped)), self._loop)
+        self._task.add_done_callback(_campaign_ended)
 
     def cancel(self) -> None:
         """Stop campaigning; a Lease held stays held until ``close``."""
@@ -226,3 +227,9 @@ class ElectionThread:
 
 async def _awaited(callback: Callable[[], Awaitable[None]]) -> None:
     await callback()
+
+
+def _campaign_ended(task: concurrent.futures.Future[None]) -> None:
+    """The campaign only ends when cancelled; anything else would leave no leader here."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("leader election stopped: %r", task.exception())
