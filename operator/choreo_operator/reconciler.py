@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from choreo_operator import results
 from choreo_operator.debounce import Debouncer
 from choreo_operator.flights import Flights, Synthesizer
-from choreo_operator.placement import place
+from choreo_operator.placement import Placer
 from choreo_operator.planning import FabricCache, GroupPlan, Inputs, plan_groups
 from choreo_operator.publishing import Publisher
 from choreo_operator.reporting import Api, Reporter
@@ -48,6 +48,7 @@ class Reconciler:
         self.settings = s = settings or Settings()
         self.debouncer = Debouncer(s.quiet_seconds, s.max_delay_seconds)
         self.fabrics = FabricCache()
+        self.placer = Placer()
         self.reporter = Reporter(api)
         self.publisher = Publisher(api, self.reporter, lambda: self.read().pods, self.poke,
                                    split_bytes=s.split_bytes,
@@ -88,7 +89,7 @@ class Reconciler:
         inputs = self.read()
         fabric, notes = self.fabrics.fabric(inputs)
         jobs = [j for j in inputs.jobs if j.metadata.deletion_timestamp is None]
-        placements = place(jobs, inputs.pods, fabric)
+        placements = self.placer.place(jobs, inputs.pods, fabric)
         self.reporter.forget_deleted({j.key for j in jobs})
         plans: list[GroupPlan] = []
         if fabric is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -537,3 +538,25 @@ def test_what_the_status_names_survives_a_replica_with_an_older_view() -> None:
         assert named in api.configmaps()
 
     asyncio.run(main())
+
+
+def test_a_failure_round_reuses_the_placements_and_a_pod_change_does_not() -> None:
+    from choreo_operator.placement import Placer
+
+    inputs = _inputs([])
+    cache, placer = FabricCache(), Placer()
+    healthy, _ = cache.fabric(inputs)
+    first = placer.place(inputs.jobs, inputs.pods, healthy)
+    failed, _ = cache.fabric(_inputs([failure("f", "n0", "gpu", gpu=0)]))
+    assert failed is not None and failed is not healthy and failed.topology.failed
+    again = placer.place(inputs.jobs, list(inputs.pods), failed)
+    assert again is first  # a failure moves no pod: the same placements
+    fresh = place(inputs.jobs, inputs.pods, failed)
+    assert {k: (p.slots, p.pod_ranks, p.problems) for k, p in again.items()} == {
+        k: (p.slots, p.pod_ranks, p.problems) for k, p in fresh.items()}
+    moved = [replace(p, node="n1") if p.name == "a0" else p for p in inputs.pods]
+    changed = placer.place(inputs.jobs, moved, failed)
+    assert changed is not first  # a0 moved to n1: placed again, and b1 finds no GPU left
+    assert {s.node for s in changed["ns/a"].slots} == {"n1"} and changed["ns/b"].problems
+    rebuilt, _ = FabricCache().fabric(inputs)  # another FabricTopology: placed again
+    assert placer.place(inputs.jobs, moved, rebuilt) is not changed
