@@ -123,12 +123,13 @@ class Flights:
         request = build_request(plan.request_fabric, plan.tenants, plan.options,
                                 f"choreo-operator/{scope}:{plan.inputs_hash[:16]}")
         started = time.monotonic()
+        waited = max(0.0, time.time() - since)  # the debounce window and the round
         marking = asyncio.create_task(self.reporter.update_jobs(plan.members, {"Synthesizing": (
             True, "Resynthesizing", f"{reason}: synthesizing {len(plan.members)} tenant(s)")}))
         try:
             response = await self._answer(plan, request, reason)
             if response is not None:
-                await self._publish(plan, response, reason, since, started, marking)
+                await self._publish(plan, response, reason, since, started, waited, marking)
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -223,7 +224,7 @@ class Flights:
         self._land(plan)
 
     async def _publish(self, plan: GroupPlan, response: Any, reason: str, since: float,
-                       started: float, marking: asyncio.Task[bool]) -> None:
+                       started: float, waited: float, marking: asyncio.Task[bool]) -> None:
         answered = time.monotonic()
         # Publishing inflates and splits megabytes of XML and writes them to the API server:
         # a few groups at a time, or a startup with many tenants would hold all of it at once.
@@ -241,10 +242,10 @@ class Flights:
             latency = max(0.0, time.time() - since)
             metrics.RESYNTHESES.labels(reason=reason, result="ok").inc()
             metrics.LATENCY.observe(latency)
-            log.info("%s: published %.2f s after the %s event (synthesizer %.2f s, of which its "
-                     "own work %.2f s; publishing %.2f s)", ", ".join(plan.group.members),
-                     latency, reason, answered - started, response.synthesis_seconds,
-                     time.monotonic() - answered)
+            log.info("%s: published %.2f s after the %s event (the round %.2f s; synthesizer "
+                     "%.2f s, of which its own work %.2f s; publishing %.2f s)",
+                     ", ".join(plan.group.members), latency, reason, waited,
+                     answered - started, response.synthesis_seconds, time.monotonic() - answered)
         for job in published:
             await self.publisher.gc(job)
         release_memory()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from choreo_api import CollectiveJob
+from choreo_api import CollectiveJob, CollectiveJobSpec
 from choreo_operator.fabric import Fabric
 from choreo_operator.model import PodInfo
 
@@ -30,7 +30,6 @@ class RankSlot:
 
 @dataclass
 class Placement:
-    job: CollectiveJob
     slots: list[RankSlot] = field(default_factory=list)
     pod_ranks: dict[str, tuple[int, int]] = field(default_factory=dict)  # pod -> first, last
     pod_index: dict[str, int] = field(default_factory=dict)  # pod -> its rank label value
@@ -85,7 +84,7 @@ def place(jobs: Iterable[CollectiveJob], pods: Iterable[PodInfo], fabric: Fabric
     out: dict[str, Placement] = {}
     wanted: list[tuple[CollectiveJob, PodInfo, int, int]] = []  # job, pod, rank, gpus
     for job in jobs:
-        pl = Placement(job)
+        pl = Placement()
         out[job.key] = pl
         mine = index.selected(job)
         pl.pods = len(mine)
@@ -162,27 +161,29 @@ def place(jobs: Iterable[CollectiveJob], pods: Iterable[PodInfo], fabric: Fabric
 
 
 class Placer:
-    """``place``, returning its last placements while the jobs, the pods and the fabric's
-    structure are the same objects or equal. A failure or a node going down changes no
-    placement (failed GPUs are dropped from the ranks later, ``healthy_slots``), and placing
-    every job again was the largest part of a failure round at 4,000 nodes and 160 tenants.
-    Placements are read, never changed, after ``place``: rounds share them."""
+    """``place``, returning its last placements while the jobs' specs, the pods and the
+    fabric's structure are equal. A failure or a node going down changes no placement (failed
+    GPUs are dropped from the ranks later, ``healthy_slots``), nor does a job's status (which
+    every publication writes), and placing every job again was the largest part of a failure
+    round at 4,000 nodes and 160 tenants. Placements are read, never changed, after
+    ``place``: rounds share them."""
 
     def __init__(self) -> None:
-        self._last: tuple[tuple[CollectiveJob, ...], tuple[PodInfo, ...], Fabric,
-                          dict[str, Placement]] | None = None
+        self._last: tuple[tuple[tuple[str, CollectiveJobSpec], ...], tuple[PodInfo, ...],
+                          Fabric, dict[str, Placement]] | None = None
 
     def place(self, jobs: Iterable[CollectiveJob], pods: Iterable[PodInfo],
               fabric: Fabric | None) -> dict[str, Placement]:
-        jobs, pods = tuple(jobs), tuple(pods)
+        jobs = tuple(jobs)
+        specs, pods = tuple((j.key, j.spec) for j in jobs), tuple(pods)
         last = self._last
         if (fabric is not None and last is not None
                 and last[2].gpu_ids is fabric.gpu_ids and last[2].node_gpus is fabric.node_gpus
                 and last[2].topology.names is fabric.topology.names
-                and last[0] == jobs and last[1] == pods):
+                and last[0] == specs and last[1] == pods):
             return last[3]
         out = place(jobs, pods, fabric)
-        self._last = None if fabric is None else (jobs, pods, fabric, out)
+        self._last = None if fabric is None else (specs, pods, fabric, out)
         return out
 
 

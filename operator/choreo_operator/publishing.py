@@ -55,7 +55,8 @@ class Publisher:
                      reason: str, seconds: float) -> bool:
         pl = plan.placements[job.key]
         slots = plan.slots[job.key]
-        schedule = _schedule(job, slots, result)
+        # Inflating megabytes of XML takes a while too: off the event loop.
+        schedule = await asyncio.to_thread(_schedule, job, slots, result)
         pod_ranks: dict[str, tuple[int, int]] = {}
         for r, s in enumerate(slots):
             lo, _ = pod_ranks.get(s.pod, (r, r))

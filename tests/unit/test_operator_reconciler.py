@@ -13,7 +13,7 @@ from api_helpers import fabric, failure, job
 from kubernetes_asyncio.client import ApiException
 
 from choreo.service.api import pb
-from choreo_api import DeviceFailure
+from choreo_api import CollectiveJobStatus, DeviceFailure
 from choreo_operator import model
 from choreo_operator.model import NodeInfo, PodInfo
 from choreo_operator.placement import place
@@ -551,6 +551,9 @@ def test_a_failure_round_reuses_the_placements_and_a_pod_change_does_not() -> No
     assert failed is not None and failed is not healthy and failed.topology.failed
     again = placer.place(inputs.jobs, list(inputs.pods), failed)
     assert again is first  # a failure moves no pod: the same placements
+    published = [j.model_copy(update={"status": CollectiveJobStatus(phase="Ready")})
+                 for j in inputs.jobs]
+    assert placer.place(published, inputs.pods, failed) is first  # nor does a job's status
     fresh = place(inputs.jobs, inputs.pods, failed)
     assert {k: (p.slots, p.pod_ranks, p.problems) for k, p in again.items()} == {
         k: (p.slots, p.pod_ranks, p.problems) for k, p in fresh.items()}
@@ -560,3 +563,6 @@ def test_a_failure_round_reuses_the_placements_and_a_pod_change_does_not() -> No
     assert {s.node for s in changed["ns/a"].slots} == {"n1"} and changed["ns/b"].problems
     rebuilt, _ = FabricCache().fabric(inputs)  # another FabricTopology: placed again
     assert placer.place(inputs.jobs, moved, rebuilt) is not changed
+    fewer = [j.model_copy(update={"spec": j.spec.model_copy(update={"gpus_per_pod": 2})})
+             if j.name == "a" else j for j in inputs.jobs]
+    assert len(placer.place(fewer, moved, rebuilt)["ns/a"].slots) == 4  # a spec change: again
