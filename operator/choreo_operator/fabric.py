@@ -30,14 +30,14 @@ reported per DeviceFailure in ``Fabric.problems`` so the operator can set a cond
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from choreo import generators
 from choreo.errors import ChoreoError, InputError
 from choreo.topology import Link, NodeKind, Topology
 from choreo_api import DeviceFailure, FabricNode, FabricTopology, IntraNode, NodeFabricSpec
-from choreo_operator.grouping import footprint
+from choreo_operator.grouping import Group, Member, footprint, groups
 
 Ref = tuple[str, int | str]  # ("gpu", local index) or ("sw", local switch name)
 
@@ -505,29 +505,61 @@ class Subfabrics:
     Every round cuts a sub-fabric per tenant group out of the live fabric, and a failure
     rebuilds that fabric; most groups do not touch the failed device, so their cut is still
     right, and so is what was learned from it (whether its NPUs are connected). Tenants'
-    footprints depend on the wiring alone. Valid for one base fabric: ``clear`` when the
-    FabricTopology or a NodeFabric changes (link ids and attributes come from it)."""
+    footprints, and so the grouping of tenants placed where they were, depend on the wiring
+    alone; a group's inputs hash on what it holds. Valid for one base fabric: ``clear`` when
+    the FabricTopology or a NodeFabric changes (link ids and attributes come from it)."""
 
     def __init__(self) -> None:
         self._cuts: dict[tuple[str, tuple[int, ...]], _Cut] = {}
         self._footprints: dict[tuple[int, ...], frozenset[int]] = {}
         self._used: set[tuple[str, tuple[int, ...]]] = set()
         self._used_footprints: set[tuple[int, ...]] = set()
-        self._broken: tuple[Topology, frozenset[int]] | None = None
+        self._groups: tuple[tuple[Member, ...], list[Group], set[tuple[int, ...]]] | None = None
+        self._hashes: dict[Hashable, str] = {}
+        self._used_hashes: set[Hashable] = set()
 
     def clear(self) -> None:
         self._cuts.clear()
         self._footprints.clear()
+        self._groups = None
 
     def keep_used(self) -> None:
-        """Forget the cuts and footprints nobody asked for since the last call (groups that
-        changed)."""
+        """Forget the cuts, footprints and hashes nobody asked for since the last call
+        (groups that changed)."""
         for key in set(self._cuts) - self._used:
             del self._cuts[key]
         for npus in set(self._footprints) - self._used_footprints:
             del self._footprints[npus]
+        for h in set(self._hashes) - self._used_hashes:
+            del self._hashes[h]
         self._used.clear()
         self._used_footprints.clear()
+        self._used_hashes.clear()
+
+    def groups(self, topo: Topology, members: Sequence[Member]) -> list[Group]:
+        """``grouping.groups``: the last answer again while the members are the same (a
+        failure changes none: members are grouped by the GPUs they were placed on)."""
+        key = tuple(members)
+        if self._groups is not None and self._groups[0] == key:
+            self._used_footprints.update(self._groups[2])
+            return self._groups[1]
+        asked: set[tuple[int, ...]] = set()
+
+        def footprint(t: Topology, npus: tuple[int, ...]) -> frozenset[int]:
+            asked.add(_ids(npus))
+            return self.footprint(t, npus)
+
+        found = groups(topo, key, footprint)
+        self._groups = (key, found, asked)
+        return found
+
+    def hashed(self, key: Hashable, compute: Callable[[], str]) -> str:
+        """``compute()``, once while ``key`` is asked for every round."""
+        self._used_hashes.add(key)
+        found = self._hashes.get(key)
+        if found is None:
+            found = self._hashes[key] = compute()
+        return found
 
     def get(self, topo: Topology, npus: Iterable[int],
             name: str = "") -> tuple[Topology, dict[int, int]]:
@@ -548,7 +580,7 @@ class Subfabrics:
 
     def footprint(self, topo: Topology, npus: tuple[int, ...]) -> frozenset[int]:
         """``grouping.footprint``, once per tenant while the wiring stays."""
-        key = tuple(sorted(set(npus)))
+        key = _ids(npus)
         self._used_footprints.add(key)
         found = self._footprints.get(key)
         if found is None:
@@ -556,7 +588,7 @@ class Subfabrics:
         return found
 
     def _cut(self, topo: Topology, npus: Iterable[int], name: str) -> _Cut:
-        key = (name, tuple(sorted(set(npus))))
+        key = (name, _ids(npus))
         self._used.add(key)
         cut = self._cuts.get(key)
         if cut is None or self._health(topo, cut.links, cut.ids) != cut.health:
@@ -570,10 +602,11 @@ class Subfabrics:
                 ids: Mapping[int, int]) -> tuple[frozenset[int], frozenset[int]]:
         """The broken links among ``links`` and the failed nodes among ``ids``: a few set
         intersections, not a look at every link a 1000-GPU tenant's cut holds."""
-        if self._broken is None or self._broken[0] is not topo:
-            self._broken = (topo, frozenset(
-                i for i, lk in enumerate(topo.links) if not lk.healthy))
-        return self._broken[1] & links, frozenset(v for v in topo.failed if v in ids)
+        return topo.broken_links & links, frozenset(v for v in topo.failed if v in ids)
+
+
+def _ids(npus: Iterable[int]) -> tuple[int, ...]:
+    return tuple(sorted(set(npus)))
 
 
 def subfabric(topo: Topology, npus: Iterable[int],

@@ -12,6 +12,7 @@ returned as messages, never raised.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -36,12 +37,14 @@ class Placement:
     problems: list[str] = field(default_factory=list)
     pods: int = 0
 
-    @property
+    @functools.cached_property
     def nodes(self) -> list[str]:
         return sorted({s.node for s in self.slots})
 
-    @property
+    @functools.cached_property
     def npus(self) -> tuple[int, ...]:
+        """The GPUs placed (fabric ids), failed or not; asked for every round, made once
+        (placements do not change after ``place``)."""
         return tuple(s.npu for s in self.slots)
 
 
@@ -205,8 +208,12 @@ def _claim(pl: Placement, pod: PodInfo, node: str, gpus: list[int],
 
 
 def healthy_slots(pl: Placement, fabric: Fabric) -> list[RankSlot]:
-    """The slots whose GPU is alive: the ranks a resynthesis schedules."""
-    return [s for s in pl.slots if s.npu not in fabric.topology.failed]
+    """The slots whose GPU is alive: the ranks a resynthesis schedules (the placement's own
+    list when none failed, which is most of them in a round)."""
+    failed = fabric.topology.failed
+    if failed.isdisjoint(pl.npus):
+        return pl.slots
+    return [s for s in pl.slots if s.npu not in failed]
 
 
 def by_node(slots: Iterable[RankSlot]) -> Mapping[str, list[RankSlot]]:

@@ -10,6 +10,7 @@ operator's own status updates cost nothing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ from choreo_operator.fabric import (
     base_fabric,
     fabric_nodes,
 )
-from choreo_operator.grouping import Group, Member, groups
+from choreo_operator.grouping import Group, Member
 from choreo_operator.model import SHIP_ANYWAY, Invalid, NodeInfo, PodInfo
 from choreo_operator.placement import Placement, RankSlot, healthy_slots
 
@@ -69,7 +70,21 @@ class GroupPlan:
 
 
 def digest(doc: Any) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=repr).encode()).hexdigest()
+    return hashlib.sha256(encoded(doc).encode()).hexdigest()
+
+
+def encoded(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, default=repr)
+
+
+Ranks = tuple[tuple[str, tuple[tuple[str, str, int], ...]], ...]  # job key -> pod, node, GPU
+
+
+def inputs_hash(fingerprint: str, tenants: tuple[TenantRequest, ...],
+                options: tuple[tuple[str, Any], ...], ranks: Ranks) -> str:
+    """The hash of a group's inputs (the document recorded hashes were made of)."""
+    return digest({"fabric": fingerprint, "tenants": [t.__dict__ for t in tenants],
+                   "options": dict(options), "ranks": {k: list(v) for k, v in ranks}})
 
 
 class FabricCache:
@@ -83,6 +98,7 @@ class FabricCache:
         self._key: Any = None
         self._fabric: Fabric | None = None
         self._base: tuple[Any, BaseFabric] | None = None
+        self._encoded_base = ""  # the FabricTopology and NodeFabrics, as the fingerprint reads
 
     def fabric(self, inputs: Inputs) -> tuple[Fabric | None, list[str]]:
         """The fabric, and notes on the FabricTopologies that are ignored."""
@@ -106,10 +122,15 @@ class FabricCache:
             if self._base is None or key[:3] != self._base[0]:
                 self._base = (key[:3], base_fabric(spec, dict(nfs), problems))
                 self.subs.clear()
+                # Encoding a FabricTopology of thousands of nodes took a tenth of a failure
+                # round at 4,000 nodes: once per base.
+                self._encoded_base = f"{encoded(spec)}, {encoded(nfs)}"
             self._fabric = apply_failures(self._base[1], failures, down)
             self._key = key
-            # problems describe the inputs, not the fabric: they leave its fingerprint alone
-            self.fingerprint = digest((spec, nfs, *key[3:]))[:16]
+            # problems describe the inputs, not the fabric: they leave its fingerprint alone.
+            # The digest of (spec, nfs, failures, down), with the first two encoded already.
+            whole = f"[{self._encoded_base}, {encoded(key[3])}, {encoded(key[4])}]"
+            self.fingerprint = hashlib.sha256(whole.encode()).hexdigest()[:16]
         return self._fabric, notes
 
 
@@ -142,7 +163,7 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
             blocked[job.key] = ("Pending", "TooFewRanks",
                                 f"{len(slots)} healthy GPU(s) placed; a collective needs 2")
             continue
-        tenant_npus = tuple(s.npu for s in slots)
+        tenant_npus = pl.npus if slots is pl.slots else tuple(s.npu for s in slots)
         why = subs.disconnected(topo, tenant_npus)
         if why:
             blocked[job.key] = ("Infeasible", "TenantDisconnected", why)
@@ -150,10 +171,12 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
         ready[job.key] = job
         live[job.key] = slots
         spec = job.spec
-        members.append(Member(job.key, tenant_npus, spec.isolation == "Joint",
+        # Grouped by the GPUs placed, failed or not: the footprint of a failed GPU's tenant
+        # holds it still (a superset, so no sharing is missed), and a failure regroups nobody.
+        members.append(Member(job.key, pl.npus, spec.isolation == "Joint",
                               (spec.dialect, spec.instances, spec.protocol)))
     plans = []
-    for group in groups(topo, members, subs.footprint):
+    for group in subs.groups(topo, members):
         group_jobs = [ready[k] for k in group.members]
         # The cut keeps the members' failed GPUs too, as failed: a GPU's place among its
         # host's GPUs is its rail, which the hierarchical plan aligns hosts by.
@@ -168,12 +191,15 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
                                  any(j.spec.when_nccl_faster == SHIP_ANYWAY for j in group_jobs),
                                  gzip=True)
         fingerprint = sub.fingerprint()
-        ranks = {j.key: [(s.pod, s.node, s.gpu) for s in live[j.key]] for j in group_jobs}
-        inputs_hash = digest({"fabric": fingerprint, "tenants": [t.__dict__ for t in tenants],
-                              "options": {f: getattr(options, f) for f in HASHED_OPTIONS},
-                              "ranks": ranks})
+        ranks = tuple((j.key, tuple((s.pod, s.node, s.gpu) for s in live[j.key]))
+                      for j in group_jobs)
+        # Every round asks every group's hash; encoding hundreds of ranks (and the
+        # collectives' reprs) for each was a third of a round at 4,000 nodes, 160 tenants.
+        key = (fingerprint, tuple(tenants),
+               tuple((f, getattr(options, f)) for f in HASHED_OPTIONS), ranks)
+        hashed = subs.hashed(key, functools.partial(inputs_hash, *key))
         plan = GroupPlan(group, group_jobs, {k: placements[k] for k in group.members},
-                         {k: live[k] for k in group.members}, tenants, sub, inputs_hash,
+                         {k: live[k] for k in group.members}, tenants, sub, hashed,
                          fingerprint, options)
         if len(group_jobs) > 1:
             # What each tenant gets alone, should the synthesizer refuse the joint request.

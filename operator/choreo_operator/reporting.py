@@ -209,8 +209,8 @@ class Reporter:
         for f in inputs.failures:
             resolved = f.spec.resolved
             affected = [] if resolved else sorted(
-                k for k, pl in placements.items() if any(_touches(f, s.node, s.gpu)
-                                                         for s in pl.slots))
+                k for k, pl in placements.items() if f.spec.node in pl.nodes
+                and any(_touches(f, s.node, s.gpu) for s in pl.slots))
             problem = fabric.problems.get(f.name)
             key = (tuple(affected), problem, resolved)
             if self.failure_status.get(f.name) == key:

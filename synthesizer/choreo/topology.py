@@ -102,16 +102,23 @@ class Topology:
         """This fabric with ``failed`` as its failed nodes and the ``down`` links unhealthy
         (the others as they are). The structure is the same, so the adjacency is shared, not
         rebuilt: a failure on a fabric of thousands of links costs one pass over them."""
-        bad = set(down)
-        links = tuple(replace(lk, healthy=False) if i in bad else lk
-                      for i, lk in enumerate(self.links))
+        bad = {i for i in down if self.links[i].healthy}
+        links = list(self.links)
+        for i in bad:
+            links[i] = replace(links[i], healthy=False)
         new = object.__new__(Topology)
         for f in fields(self):
             object.__setattr__(new, f.name, getattr(self, f.name))
-        object.__setattr__(new, "links", links)
+        object.__setattr__(new, "links", tuple(links))
         object.__setattr__(new, "failed", failed)
         new.__dict__["trunk_links"] = self.trunk_links  # made once per structure
+        new.__dict__["broken_links"] = self.broken_links | bad
         return new
+
+    @cached_property
+    def broken_links(self) -> frozenset[int]:
+        """Indices of the links that are not healthy."""
+        return frozenset(i for i, lk in enumerate(self.links) if not lk.healthy)
 
     @cached_property
     def trunk_links(self) -> tuple[tuple[int, ...], ...]:

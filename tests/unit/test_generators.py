@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -312,3 +313,21 @@ def test_spine_blocks_meet_on_oversubscribed_uplinks() -> None:
     assert {fabric.names[p.src] for p in ports} == {f"node{n}/gpu3" for n in range(4, 8)}
     with pytest.raises(InputError, match="blocks"):
         build("dgx-h100-spine-1x4")
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sets(st.integers(0, 63), max_size=6), min_size=1, max_size=3),
+       st.sets(st.integers(0, 15), max_size=3))
+def test_health_applied_in_turn_marks_exactly_the_links_down(downs: list[set[int]],
+                                                             failed: set[int]) -> None:
+    """``with_health`` replaces only the links named, keeps the ones already down, and its
+    ``broken_links`` is what a look at every link finds."""
+    fabric = build("torus-4x4")
+    topo, down = fabric, set()
+    for d in downs:
+        topo = topo.with_health(frozenset(failed), d)
+        down |= d
+        assert [not lk.healthy for lk in topo.links] == [i in down for i in range(64)]
+        assert topo.broken_links == frozenset(down)
+        assert [replace(lk, healthy=True) for lk in topo.links] == list(fabric.links)
+        assert topo.failed == frozenset(failed) and topo.trunk_links == fabric.trunk_links

@@ -256,3 +256,35 @@ def test_a_failed_gpu_to_nvswitch_link_is_applied() -> None:
     assert sum(not lk.healthy for lk in topo.links) == len(port)
     assert set(fab.problems) == {"bad"}
     assert "sw-none" in fab.problems["bad"]
+
+
+def test_a_failure_regroups_nobody_and_a_hash_is_computed_once_while_asked_for() -> None:
+    """Tenants are grouped by the GPUs placed, so a failure round finds the last grouping
+    (and keeps its footprints); a moved tenant is grouped again."""
+    from choreo_operator.grouping import Member, groups
+
+    spec = fabric(4, type="rail", rails=8)
+    fab = build_fabric(spec, {})
+    placed = {t: tuple(v for v in (fab.gpu(n, g) for n in nodes for g in range(8))
+                       if v is not None)
+              for t, nodes in (("a", ("n0", "n1")), ("b", ("n2",)), ("c", ("n3",)))}
+    members = [Member(f"ns/{t}", npus, True, ("executor", 1, "Simple"))
+               for t, npus in placed.items()]
+    cache = Subfabrics()
+    first = cache.groups(fab.topology, members)
+    assert first == groups(fab.topology, members)
+    failed = build_fabric(spec, {}, [failure("f", "n0", "gpu", gpu=0)]).topology
+    fp = cache.footprint(fab.topology, placed["a"])
+    cache.keep_used()
+    assert cache.groups(failed, list(members)) is first
+    cache.keep_used()  # the footprints were asked for through the grouping: kept
+    assert cache.footprint(failed, placed["a"]) is fp
+    moved = [*members[:2], Member("ns/c", placed["b"][:4], True, ("executor", 1, "Simple"))]
+    again = cache.groups(failed, moved)
+    assert again is not first and again == groups(failed, moved)
+    computed: list[int] = []
+    for _ in range(3):
+        assert cache.hashed(("k",), lambda: str(computed.append(1) or len(computed))) == "1"
+        cache.keep_used()
+    cache.keep_used()  # not asked for in a round: forgotten
+    assert cache.hashed(("k",), lambda: "new") == "new" and computed == [1]
