@@ -24,7 +24,7 @@ cheapest sum of link alphas (combining collectives need every origin at every de
 On large tenants the origins are sampled, which keeps the bound valid, only less tight.
 
 Transfers (where alpha dominates): a transfer moves whole chunks and pays its link's alpha.
-With ``c`` chunks per rank piece (``size / (pieces * c)`` bytes each) every chunk a rank
+With ``c`` chunks per rank piece (``volume / (pieces * c)`` bytes each) every chunk a rank
 needs lands on it by a transfer of that chunk, and every chunk holding a contribution only
 the rank has leaves it by one: per rank and chunk of a piece, all-gather n-1 in and 1 out,
 reduce-scatter 1 in and n-1 out, all-reduce n each way, all-to-all n-1 each way, rooted
@@ -94,7 +94,7 @@ def lower_bound(fabric: Topology, demand: Demand, others: Sequence[Demand] = (),
 # ---- bytes that must cross a cut -----------------------------------------------------------
 def crossing_bytes(d: Demand, inside: int, root_inside: bool) -> tuple[float, float]:
     """(bytes in, bytes out) for a node set holding ``inside`` of the demand's ranks."""
-    n, s, a = d.n, float(d.size), inside
+    n, s, a = d.n, d.volume, inside
     c = d.collective
     if a == 0 and not root_inside:
         return 0.0, 0.0
@@ -113,7 +113,7 @@ def crossing_bytes(d: Demand, inside: int, root_inside: bool) -> tuple[float, fl
         return ((n - a) / n * s if root_inside else 0.0), (a / n * s if not root_inside else 0.0)
     if c is C.SCATTER:
         return (a / n * s if not root_inside else 0.0), ((n - a) / n * s if root_inside else 0.0)
-    cross = a * (n - a) / (n * n) * s  # alltoall: S/n^2 per ordered pair
+    cross = a * (n - a) / (n * n) * s  # alltoall: its volume / n^2 per ordered pair
     return cross, cross
 
 
@@ -216,7 +216,7 @@ def min_transfers_bytes(d: Demand, in_switch: bool = False) -> float:
 
     ``in_switch``: a switch can combine contributions, so each destination only has to
     receive its reduced result once."""
-    n, s = d.n, float(d.size)
+    n, s = d.n, d.volume
     c = d.collective
     if in_switch and c is C.ALLREDUCE:
         return n * s
@@ -427,7 +427,7 @@ COUNT_RTOL = 1e-9  # relative slack: the bound stays this far under the exact co
 class ChunkNeeds:
     """Chunk transfers a tenant needs per chunk of a rank piece: into and out of each rank
     (rank order), and landing on NPUs in all (0 where the per-rank needs say as much);
-    chunk bytes are size / (pieces * chunks)."""
+    chunk bytes are volume / (pieces * chunks)."""
 
     into: np.ndarray
     out: np.ndarray
@@ -535,7 +535,7 @@ def _tenant_transfers(fabric: Topology, d: Demand, needs: ChunkNeeds,
     firsts = np.r_[0, np.cumsum(per_row)[:-1]]
 
     def duration(c: int) -> np.ndarray:
-        return a_link + float(d.size) / (pieces * c) * beta_link
+        return a_link + d.volume / (pieces * c) * beta_link
 
     def envelope(c: int) -> np.ndarray:
         """Per row the least T with sum T / t >= need (no floors, so at most the true T); it
@@ -580,5 +580,5 @@ def _tenant_transfers(fabric: Topology, d: Demand, needs: ChunkNeeds,
     return best, (
         f"{k}{more} chunk transfers {where}, each paying alpha on one of "
         f"{int(per_row[best_row])} links ({best_c}{more} chunk(s) per piece, "
-        f"{float(d.size) / (pieces * best_c):.6g} B each)"
+        f"{d.volume / (pieces * best_c):.6g} B each)"
     )

@@ -1,7 +1,9 @@
 """Collectives as chunk-level pre- and postconditions.
 
 A ``Demand`` is one tenant's collective: which NPUs take part (in rank order), how many bytes
-(the nccl-tests convention for ``size``), and how many chunks each rank's piece is cut into.
+(the nccl-tests convention for ``size``: the output buffer of AllGather, Gather and
+ReduceScatter's input, one rank's send buffer of AllToAll), and how many chunks each rank's
+piece is cut into.
 Chunk ids are dense per demand; ``origins``/``destinations`` say where each chunk starts and
 where it must end. For combining collectives every rank contributes to every chunk and the
 destinations must hold the reduction of all contributions, each exactly once.
@@ -49,6 +51,13 @@ class Collective(StrEnum):
         raise InputError(f"{where}: unknown collective {text!r} (known: {known})")
 
 
+def volume(collective: Collective, size: int, n: int) -> float:
+    """Bytes of all of a collective's chunks: ``size`` for every collective but AllToAll,
+    whose ``size`` is one rank's send buffer (``size / n`` to every peer, as nccl-tests and
+    the MSCCL runtimes count it), so its chunks hold ``n * size``."""
+    return float(size) * (n if collective is Collective.ALLTOALL else 1)
+
+
 @dataclass(frozen=True)
 class Demand:
     """One tenant's collective over ``ranks`` (NPU ids, rank order)."""
@@ -91,9 +100,14 @@ class Demand:
         return n * self.chunks
 
     @property
+    def volume(self) -> float:
+        """Bytes of all chunks together (``volume``)."""
+        return volume(self.collective, self.size, self.n)
+
+    @property
     def chunk_bytes(self) -> float:
         """Bytes in one chunk, from the nccl-tests meaning of ``size``."""
-        return self.size / self.num_chunks
+        return self.volume / self.num_chunks
 
     def origins(self, chunk: int) -> tuple[int, ...]:
         """Ranks holding (a contribution to) the chunk before the collective starts."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import psutil
 
-from choreo.collectives import Collective, Demand
+from choreo.collectives import Collective, Demand, volume
 from choreo.errors import InfeasibleError, InputError
 from choreo.hierarchy import (
     LARGE_TENANT,
@@ -50,6 +50,14 @@ LARGE_FABRIC = 256  # NPUs; above this only the sparsest switch unwindings are t
 # What one transfer costs at its peak: the engine's state and the Schedule's columns
 # (measured: torus-64x64 AllGather, 16.8 M transfers, 2.3 GiB).
 BYTES_PER_TRANSFER = 150
+# What the engine keeps per (node, chunk) of a view while it matches: four bit matrices, and
+# with chunk replacement an arrival time (f64) and a carrier (u32) (greedy.rs, ``State``).
+BYTES_PER_CELL = 12.5
+# AllToAll chunks each have one destination, so a link's scan for one to send finds few
+# and relays fill the rest: the engine's work grows much faster than its transfers
+# (measured on dgx-h100-16 and -32, 1 chunk: 128 ranks 2.1 M cells, about 10 s per
+# unwinding; 256 ranks 16.8 M, about 400 s). Larger AllToAll tenants are refused.
+MAX_ALLTOALL_CELLS = 1 << 22
 EQUAL_WITHIN = 0.05  # link alphas or bandwidths this close to the next are planned as equal
 EQUAL_SPAN = 0.40  # ... up to this far from the group's smallest (the most a plan can give up)
 # The rail plan is laid out where its estimate is within this of greedy's time: the estimate
@@ -80,7 +88,8 @@ def auto_chunks(topology: Topology, collective: Collective, size: int, n: int) -
     latency_bytes = max((lk.alpha * lk.bandwidth for lk in links), default=0.0)
     pieces = {Collective.BROADCAST: 1, Collective.REDUCE: 1, Collective.ALLTOALL: n * n}
     count = pieces.get(collective, n)
-    wanted = 64 if latency_bytes <= 0 else int(size / count // (CHUNK_ALPHA_FACTOR * latency_bytes))
+    piece = volume(collective, size, n) / count
+    wanted = 64 if latency_bytes <= 0 else int(piece // (CHUNK_ALPHA_FACTOR * latency_bytes))
     cap = MAX_CHUNKS_ROOTED if count == 1 else MAX_CHUNKS_PER_PIECE
     return max(1, min(wanted, cap, MAX_TOTAL_CHUNKS // count))
 
@@ -127,6 +136,43 @@ def check_fits(demands: Sequence[Demand], available: int | None = None) -> None:
         f"{free / 2**30:.1f} GiB is free here; use fewer chunks (--chunks) or ranks")
 
 
+def engine_cells(view: Topology, demands: Sequence[Demand]) -> int:
+    """(node, chunk) pairs the engine tracks on ``view``: every node of the view (switches
+    included) by every chunk of every tenant."""
+    return view.num_nodes * sum(d.num_chunks for d in demands)
+
+
+def check_alltoall_work(demands: Sequence[Demand]) -> None:
+    """Refuse AllToAll tenants past what the greedy engine finishes in minutes."""
+    for t, d in enumerate(demands):
+        cells = d.n * d.num_chunks
+        if d.collective is Collective.ALLTOALL and cells > MAX_ALLTOALL_CELLS:
+            where = f"tenants[{t}]" + (f" ({d.name})" if d.name else "")
+            raise InputError(
+                f"{where}: an AllToAll of {d.n} ranks x {d.chunks} chunk(s) per piece is "
+                f"{cells:,} (rank, chunk) pairs for the greedy engine, above its limit of "
+                f"{MAX_ALLTOALL_CELLS:,}; use fewer ranks or chunks, or --engine lp")
+
+
+def parallel_views(views: Sequence[Topology], demands: Sequence[Demand],
+                   available: int | None = None) -> int:
+    """How many views the engine may match at once within free memory (at least one), or
+    an InputError naming the limit when even one view's state does not fit."""
+    free = available if available is not None else _available_memory()
+    transfers = sum(fewest_transfers(d) for d in demands) * BYTES_PER_TRANSFER
+    each = max(engine_cells(v, demands) for v in views) * BYTES_PER_CELL + transfers
+    if each > free:
+        worst = max(range(len(demands)), key=lambda t: demands[t].num_chunks)
+        d = demands[worst]
+        where = f"tenants[{worst}]" + (f" ({d.name})" if d.name else "")
+        raise InputError(
+            f"{where}: {d.n} ranks x {d.chunks} chunk(s) per piece need the engine to track "
+            f"{max(engine_cells(v, demands) for v in views):,} (node, chunk) pairs, about "
+            f"{each / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB is free here; use fewer "
+            "chunks (--chunks) or ranks")
+    return max(1, min(len(views), os.cpu_count() or 1, int(free // each)))
+
+
 def _available_memory() -> int:
     """Free memory now (what the kernel could hand out without swapping)."""
     return int(psutil.virtual_memory().available)
@@ -145,9 +191,11 @@ def synthesize(
     railed = opts.rail_gather and all(layout(fabric, d) is not None for d in demands)
     if railed and any(d.n > opts.large_tenant for d in demands):
         return rail_gather(fabric, demands)
+    check_alltoall_work(demands)
     views = _logical_views(fabric, demands, opts)
-    # The engine releases the GIL, so the unwinding candidates run side by side.
-    with ThreadPoolExecutor(max_workers=min(len(views), os.cpu_count() or 1)) as pool:
+    # The engine releases the GIL, so the unwinding candidates run side by side, as many
+    # at once as their state fits in memory.
+    with ThreadPoolExecutor(max_workers=parallel_views(views, demands)) as pool:
         results = list(pool.map(lambda view: _synthesize_on(fabric, view, demands, opts), views))
     best = min(results, key=lambda s: s.makespan)
     return _against_rail_plan(fabric, demands, best) if railed else best

@@ -270,3 +270,12 @@ def test_a_schedule_moving_chunk_ranges_is_judged_without_the_per_transfer_bound
     moved = Schedule(sched.fabric, sched.topology, sched.demands, **cols)
     assert moved.ranged
     assert evaluate(moved, baselines=False).tenants[0].bound == ranged.value_s
+
+
+def test_alltoall_bound_sends_size_over_n_to_every_peer() -> None:
+    fabric = build("dgx-h100-2")
+    d = Demand(Collective.ALLTOALL, tuple(fabric.npus), 16 << 20)
+    # every GPU of node0 receives size / 16 from each of node1's 8 GPUs through 8 NICs
+    nic = next(lk.bandwidth for lk in fabric.links if lk.kind == "ib")
+    into_node = 8 * 8 * (16 << 20) / 16
+    assert lower_bound(fabric, d).bandwidth_s == pytest.approx(into_node / (8 * nic), rel=1e-6)

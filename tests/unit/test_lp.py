@@ -32,7 +32,7 @@ def test_two_npus_serialize_every_chunk_on_their_one_link(chunks):
     topo = Topology("pair", (NodeKind.NPU,) * 2, duplex(0, 1, 1e-6, 10e9))
     d = Demand(Collective.ALLTOALL, (0, 1), 4 << 20, chunks=1)
     sched = _lp(topo, d, chunks=(chunks,))
-    per_chunk = topo.links[0].cost(d.size / 4 / chunks)
+    per_chunk = topo.links[0].cost(d.volume / 4 / chunks)  # a pair sends size / 2 each way
     assert sched.makespan == pytest.approx(chunks * per_chunk, rel=1e-9)
     assert sched.demands[0].chunks == chunks
 

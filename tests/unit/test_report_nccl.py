@@ -61,3 +61,14 @@ def test_no_file_where_nccl_is_predicted_faster(tmp_path: Path,
     assert main(["synthesize", "-t", "dgx-h100-2", "-c", "allgather", "-s", "1GiB",
                  "--msccl-out", str(tmp_path / "ahead")]) == 0
     assert (tmp_path / "ahead" / "tenant0-allgather.xml").exists()
+
+
+def test_a_case_choreo_refuses_is_a_row_where_nccl_runs() -> None:
+    from choreo.collectives import Collective
+    from choreo.generators import build
+    from choreo.nccl.versus import _compared
+
+    fabric = build("dgx-h100-32")
+    row = _compared("healthy", "moe", fabric, [tuple(fabric.npus)], Collective.ALLTOALL, 1 << 24)
+    assert row.measured == "no schedule (NCCL runs)" and row.ok is None
+    assert "NCCL p2p/simple" in row.reference and "256 ranks x 1 chunk(s)" in row.reference

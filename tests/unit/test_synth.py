@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -284,3 +285,45 @@ def test_tenants_that_meet_on_an_oversubscribed_spine_verify() -> None:
     schedule = synthesize(fabric, demands, SynthOptions(restarts=1, relay=False))
     verdict = verify(schedule)
     assert verdict.ok, verdict.summary()
+
+
+def test_alltoall_size_is_one_ranks_send_buffer() -> None:
+    # nccl-tests and the MSCCL runtimes: size / n goes to every peer, n * size moves in all
+    d = Demand(Collective.ALLTOALL, tuple(range(4)), 1 << 20, chunks=2)
+    assert d.num_chunks == 4 * 4 * 2 and d.chunk_bytes == (1 << 20) / 4 / 2
+    assert d.volume == 4 << 20
+    g = Demand(Collective.ALLGATHER, tuple(range(4)), 1 << 20, chunks=2)
+    assert g.volume == 1 << 20 and g.chunk_bytes == (1 << 20) / 4 / 2
+
+
+def test_alltoall_past_the_engines_reach_is_refused_at_once() -> None:
+    from choreo.synth import MAX_ALLTOALL_CELLS
+
+    fabric = build("dgx-h100-32")
+    d = Demand(Collective.ALLTOALL, tuple(fabric.npus), 16 << 20, name="moe")
+    assert d.n * d.num_chunks > MAX_ALLTOALL_CELLS
+    with pytest.raises(InputError) as info:
+        synthesize(fabric, [d])
+    text = str(info.value)
+    assert "tenants[0] (moe)" in text and "256 ranks x 1 chunk(s)" in text
+    assert f"{MAX_ALLTOALL_CELLS:,}" in text
+
+
+def test_views_run_side_by_side_only_as_far_as_their_state_fits() -> None:
+    from choreo.synth import (
+        BYTES_PER_CELL,
+        BYTES_PER_TRANSFER,
+        engine_cells,
+        fewest_transfers,
+        parallel_views,
+    )
+
+    fabric = build("ring-8")
+    d = Demand(Collective.ALLGATHER, tuple(fabric.npus), 1 << 20, chunks=4, name="ag")
+    views = [fabric, fabric, fabric]
+    each = engine_cells(fabric, [d]) * BYTES_PER_CELL + fewest_transfers(d) * BYTES_PER_TRANSFER
+    assert engine_cells(fabric, [d]) == 8 * 32
+    assert parallel_views(views, [d], available=int(each)) == 1
+    assert parallel_views(views, [d], available=int(2 * each)) == min(2, os.cpu_count() or 1)
+    with pytest.raises(InputError, match=r"tenants\[0\] \(ag\): 8 ranks x 4 chunk.*pairs"):
+        parallel_views(views, [d], available=int(each) - 1)

@@ -145,7 +145,7 @@ def _plan(fabric: Topology, demand: Demand, algorithms: Sequence[str] | None = N
     if demand.collective in P2P_COLLECTIVES:
         sent = sends(fab, ch, demand, P2P)
         return _Run(fab, ch, demand, None, sent,
-                    _loads(fab, sent, nbytes / max(fab.n_ranks, 1) ** 2))
+                    _loads(fab, sent, demand.volume / max(fab.n_ranks, 1) ** 2))
     options = estimates(fab, graphs, demand.collective, nbytes, ch.n_channels, pat)
     allowed = [e for e in options if (not algorithms or e.algorithm in algorithms)
                and (not protocols or e.protocol in protocols)]

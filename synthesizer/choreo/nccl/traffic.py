@@ -208,7 +208,7 @@ def _p2p(out: Sends, fab: NcclFabric, d: Demand) -> None:
         out.add(root, r[r != root], s / n)
         out.steps = [[(root, int(r[r != root][0]))]]
         return
-    pair = s / (n * n)
+    pair = d.volume / (n * n)
     nn = fab.topo.num_nodes
     host_of = np.full(nn, -1, dtype=np.int64)
     for k, h in enumerate(fab.hosts):

@@ -3,7 +3,8 @@
 Per case, choreo synthesizes (relay off, as it ships to MSCCL), the simulator times the
 schedule, and the NCCL model times NCCL's own choice on the same fabric. The table reports
 where choreo is ahead and, as plainly, where it is not: there the product ships no file and
-NCCL runs. Degraded cases fail one GPU, one NIC or one NVSwitch port of node 1. Shared cases
+NCCL runs; so it is where choreo refuses a case (an AllToAll past the greedy engine's reach).
+Degraded cases fail one GPU, one NIC or one NVSwitch port of node 1. Shared cases
 synthesize several tenants jointly and time them against every tenant running NCCL at once
 (``nccl_jointly``: each link carries all tenants' bytes): two tenants on the same nodes (GPUs
 0-3 and 4-7 of every node, no link in common), and two or four tenants on
@@ -20,6 +21,7 @@ from collections.abc import Callable
 
 from choreo.benchtable import Row, finish
 from choreo.collectives import Collective, Demand
+from choreo.errors import InputError
 from choreo.generators import build
 from choreo.nccl.model import nccl_jointly
 from choreo.simulate import simulate
@@ -74,6 +76,20 @@ def _case(fabric: Topology, groups: list[tuple[int, ...]], coll: Collective,
     return ours, [r.seconds for r in nccl], [r.choice for r in nccl], seconds
 
 
+def _compared(group: str, case: str, fabric: Topology, groups: list[tuple[int, ...]],
+              coll: Collective, size: int, target: float | None = None) -> Row:
+    """The case's row; a case choreo refuses (too large for its engines) is a row where NCCL
+    runs, with the refusal as its reason."""
+    try:
+        return _row(group, case, *_case(fabric, groups, coll, size), target=target)
+    except InputError as err:
+        demands = [Demand(coll, ranks, size) for ranks in groups]
+        choices = sorted({r.choice for r in nccl_jointly(fabric, demands)})
+        return Row(case, "no schedule (NCCL runs)", "(info)" if target is None else
+                   f">= {target:.2f}x", f"NCCL {'/'.join(choices)}; refused: {err}",
+                   None if target is None else False, group=group)
+
+
 def _row(group: str, case: str, ours: list[float], theirs: list[float], choices: list[str],
          seconds: float, target: float | None = None) -> Row:
     speedups = [t / o for o, t in zip(ours, theirs, strict=True)]
@@ -84,24 +100,28 @@ def _row(group: str, case: str, ours: list[float], theirs: list[float], choices:
                None if target is None else worst >= target, group=group, value=worst)
 
 
-def rows(nodes: tuple[int, ...], sizes: tuple[int, ...]) -> list[Row]:
+def rows(nodes: tuple[int, ...], sizes: tuple[int, ...],
+         degraded_skip: tuple[int, ...] = ()) -> list[Row]:
     out = []
     for k in nodes:
         fabric = build(f"dgx-h100-{k}")
         for coll in COLLECTIVES:
             for size in sizes:
-                out.append(_row("healthy", f"dgx-h100-{k} {coll.value} {size // MIB} MiB",
-                                *_case(fabric, [tuple(fabric.npus)], coll, size)))
-    for k in (n for n in nodes if n >= 2):
+                out.append(_compared("healthy", f"dgx-h100-{k} {coll.value} {size // MIB} MiB",
+                                     fabric, [tuple(fabric.npus)], coll, size))
+    for k in (n for n in nodes if n >= 2 and n not in degraded_skip):
         base = build(f"dgx-h100-{k}")
         for what, degrade in DEGRADED.items():
             fabric = degrade(base)
-            for coll in (Collective.ALLREDUCE, Collective.ALLGATHER):
-                out.append(_row("degraded", f"dgx-h100-{k} {what}, {coll.value} 1 GiB",
-                                *_case(fabric, [tuple(fabric.npus)], coll, 1024 * MIB)))
+            for coll in COLLECTIVES:
+                for size in sizes:
+                    out.append(_compared(
+                        "degraded", f"dgx-h100-{k} {what}, {coll.value} {size // MIB} MiB",
+                        fabric, [tuple(fabric.npus)], coll, size))
         halves = [tuple(g for g in base.npus if (g % 8 < 4) == first) for first in (True, False)]
-        out.append(_row("shared", f"dgx-h100-{k} two tenants (GPUs 0-3 / 4-7 of every node), "
-                        "allreduce 1 GiB", *_case(base, halves, Collective.ALLREDUCE, 1 << 30)))
+        out.append(_compared("shared", f"dgx-h100-{k} two tenants (GPUs 0-3 / 4-7 of every "
+                             "node), allreduce 1 GiB", base, halves, Collective.ALLREDUCE,
+                             1 << 30))
     out += spine_rows(2, 4) + spine_rows(4, 4)
     return out
 
@@ -119,20 +139,23 @@ def spine_rows(blocks: int = 2, per_block: int = 4) -> list[Row]:
                                        8 * (b * per_block + t * per + i) + 8))
                   for t in range(tenants)]
         for coll in (Collective.ALLREDUCE, Collective.ALLGATHER):
-            out.append(_row("shared", f"{fabric.name} {tenants} tenants ({per} node(s) of every "
-                            f"block each), {coll.value} 1 GiB",
-                            *_case(fabric, groups, coll, 1 << 30), target=SHARED_TARGET))
+            out.append(_compared("shared", f"{fabric.name} {tenants} tenants ({per} node(s) of "
+                                 f"every block each), {coll.value} 1 GiB", fabric, groups, coll,
+                                 1 << 30, target=SHARED_TARGET))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m choreo.nccl.versus", description=__doc__)
-    p.add_argument("--nodes", default="1,2,4,8,16", help="dgx-h100 node counts")
+    p.add_argument("--nodes", default="1,2,4,8,16,128", help="dgx-h100 node counts")
+    p.add_argument("--degraded-skip", default="",
+                   help="node counts whose degraded and shared cases are left out")
     p.add_argument("--quick", action="store_true", help="1 GiB only")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
     nodes = tuple(int(x) for x in args.nodes.split(","))
-    table = rows(nodes, (1024 * MIB,) if args.quick else SIZES)
+    skip = tuple(int(x) for x in args.degraded_skip.split(",") if x)
+    table = rows(nodes, (1024 * MIB,) if args.quick else SIZES, skip)
     return finish(table, "choreo vs NCCL as it runs (NCCL time / choreo time; > 1: choreo ahead)",
                   args.json)
 
