@@ -4,8 +4,10 @@ Bandwidth (bytes that must cross some boundary / the bandwidth of that boundary)
 
 * **cuts**: for a set A of nodes, the bytes that must enter A (and leave it) given which
   ranks are inside. A is every single NPU (per-NPU ingress/egress), every host (node names
-  ``host/...``) and, for grid fabrics with ``dims``, every slice ``x_k = v`` and half-space
-  ``x_k < v``. Cut bandwidth is physical: a switch's down-link into A counts fully.
+  ``host/...``), every block under a spine (what stays connected without the switches that
+  have no NPU of their own) and, for grid fabrics with ``dims``, every slice ``x_k = v`` and
+  half-space ``x_k < v``. Cut bandwidth is physical: a switch's down-link into A counts
+  fully.
 * **volume**: every transfer lands on an NPU, and each chunk needs a minimum number of
   transfers (n-1 to spread or combine it over n ranks, 2(n-1) for all-reduce: the one-way
   gossip bound, which is Patarasuk-Yuan's 2(n-1)/n*S per NPU on a uniform fabric); the total
@@ -50,6 +52,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import networkx as nx
 import numpy as np
 
 from choreo.collectives import Collective, Demand
@@ -147,9 +150,32 @@ def _slices(fabric: Topology) -> list[tuple[str, np.ndarray]]:
     return out
 
 
+def _blocks(fabric: Topology) -> tuple[np.ndarray, list[str]] | None:
+    """The blocks under a spine: what stays connected once the links of every switch with no
+    NPU of its own are cut (a leaf-spine fabric's blocks of nodes; tenants meeting there
+    share the spine's uplinks). None when that leaves one block."""
+    lonely = {s for s in fabric.switches
+              if not any(fabric.is_npu(fabric.links[i].dst) for i in fabric.out_links(s))
+              and not any(fabric.is_npu(fabric.links[i].src) for i in fabric.in_links(s))}
+    if not lonely:
+        return None
+    graph = nx.Graph()
+    graph.add_nodes_from(v for v in range(fabric.num_nodes) if v not in lonely)
+    graph.add_edges_from((lk.src, lk.dst) for i, lk in enumerate(fabric.links)
+                         if fabric.usable(i) and lk.src not in lonely and lk.dst not in lonely)
+    label = np.full(fabric.num_nodes, -1, dtype=np.int64)
+    names: list[str] = []
+    for members in nx.connected_components(graph):
+        npus = [v for v in members if fabric.is_npu(v)]
+        if npus:  # the block's switches too: the cut is its links to the spine
+            label[list(members)] = len(names)
+            names.append(f"block of {fabric.node_name(min(npus))}")
+    return (label, names) if len(names) > 1 else None
+
+
 def _cuts(fabric: Topology, demands: list[Demand]) -> tuple[float, str]:
-    """The best cut, checked in order: every live NPU, every host, every grid slice; into
-    before out of; the first of equal ones."""
+    """The best cut, checked in order: every live NPU, every host, every block under a
+    spine, every grid slice; into before out of; the first of equal ones."""
     usable = [i for i in range(len(fabric.links)) if fabric.usable(i)]
     src = np.array([fabric.links[i].src for i in usable], dtype=np.int64)
     dst = np.array([fabric.links[i].dst for i in usable], dtype=np.int64)
@@ -165,6 +191,9 @@ def _cuts(fabric: Topology, demands: list[Demand]) -> tuple[float, str]:
         for g, members in enumerate(hosts.values()):
             label[members] = g
         parts.append((label, [f"host {h}" for h in hosts]))
+    blocks = _blocks(fabric)
+    if blocks is not None:
+        parts.append(blocks)
     best = (0.0, "")
     for label, names in parts:
         cand = _partition_cuts(demands, label, names, src, dst, bw)

@@ -279,3 +279,18 @@ def test_alltoall_bound_sends_size_over_n_to_every_peer() -> None:
     nic = next(lk.bandwidth for lk in fabric.links if lk.kind == "ib")
     into_node = 8 * 8 * (16 << 20) / 16
     assert lower_bound(fabric, d).bandwidth_s == pytest.approx(into_node / (8 * nic), rel=1e-6)
+
+
+def test_tenants_meeting_on_a_spine_share_its_uplinks() -> None:
+    fabric = build("dgx-h100-spine-2x4")  # two blocks of four nodes, leaves under a 2:1 spine
+    per_node = [tuple(range(8 * k, 8 * k + 8)) for k in range(8)]
+    tenants = [Demand(Collective.ALLREDUCE, per_node[t] + per_node[4 + t], 1 << 30, name=f"t{t}")
+               for t in range(4)]  # one node in each block: all of it crosses the spine
+    nic = next(lk.bandwidth for lk in fabric.links if lk.kind == "ib")
+    uplinks = 8 * 4 * nic / 2  # per block: 8 rail leaves, each half its 4 nodes' NICs up
+    bound = lower_bound(fabric, tenants[0], tenants[1:])
+    assert bound.value_s == pytest.approx(4 * (1 << 30) / uplinks, rel=1e-6)
+    assert "block of node0/gpu0" in bound.reason
+    # alone, a tenant is bound by its hosts' NICs, not the spine
+    alone = lower_bound(fabric, tenants[0])
+    assert alone.value_s <= bound.value_s / 2 + 1e-12 and "block" not in alone.reason
