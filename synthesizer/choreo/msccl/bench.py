@@ -1,8 +1,9 @@
 """``python -m choreo.msccl.bench``: MSCCL lowering speed and file sizes, against targets.
 
-Rows: lowering + validation time of a 64-GPU AllReduce (target <= 1 s, issue 4), the
-interpreter's time for the same file, and file sizes per GPU count with the largest per-node
-split file against the 1 MiB ConfigMap limit.
+Rows: lowering + validation time of a 64-GPU AllReduce (target <= 1 s), the interpreter's
+time for the same file, and file sizes per GPU count with the largest per-node split file
+against the 1 MiB ConfigMap limit. Each row names its program's step count: the schedule is
+whatever ``synthesize`` picks for the fabric, and every time here grows with it.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def speed_rows(topologies: list[str], chunks: tuple[int, ...]) -> list[Row]:
             ran = time.perf_counter()
             total = checked - started
             target = c == 1
+            steps = xml.count("<step ")
             rows.append(Row(
-                f"{topo} allreduce, {c} chunk(s)/piece: lower {lowered - started:.3f} s + "
+                f"{topo} allreduce, {c} chunk(s)/piece, {steps:,} steps: "
+                f"lower {lowered - started:.3f} s + "
                 f"validate {checked - lowered:.3f} s", f"{total:.3f} s",
                 "<= 1 s" if target else "(info)", "issue 4: 64-GPU AllReduce",
                 (total <= 1.0 and not problems) if target else None))

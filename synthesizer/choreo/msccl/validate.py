@@ -382,36 +382,36 @@ class _Checker:
     def cycles(self) -> None:
         """Steps wait for their predecessor, their dependency and (receives) their send."""
         nodes: list[_Node] = []
-        ident: dict[tuple[int, int, int], int] = {}
+        base: dict[tuple[int, int], tuple[int, int]] = {}  # (gpu, tb) -> first node, steps
         for g in self.algo.gpus:
             for tb in g.tbs:
-                for pos, st in enumerate(tb.steps):
-                    ident[(g.id, tb.id, pos)] = len(nodes)
-                    nodes.append(_Node(g.id, tb.id, st.s, st.line))
-        preds: list[list[int]] = [[] for _ in nodes]
+                base[(g.id, tb.id)] = (len(nodes), len(tb.steps))
+                nodes.extend(_Node(g.id, tb.id, st.s, st.line) for st in tb.steps)
+        succs: list[list[int]] = [[] for _ in nodes]
+        indeg = [0] * len(nodes)
         sends: dict[tuple[int, int, int], list[int]] = defaultdict(list)
         recvs: dict[tuple[int, int, int], list[int]] = defaultdict(list)
         for g in self.algo.gpus:
             for tb in g.tbs:
+                first = base[(g.id, tb.id)][0]
                 for pos, st in enumerate(tb.steps):
-                    me = ident[(g.id, tb.id, pos)]
+                    me = first + pos
                     if pos:
-                        preds[me].append(me - 1)
-                    dep = ident.get((g.id, st.depid, st.deps))
-                    if st.depid >= 0 and dep is not None:
-                        preds[me].append(dep)
+                        succs[me - 1].append(me)
+                        indeg[me] += 1
+                    if st.depid >= 0:
+                        dep_first, dep_len = base.get((g.id, st.depid), (0, 0))
+                        if 0 <= st.deps < dep_len:
+                            succs[dep_first + st.deps].append(me)
+                            indeg[me] += 1
                     if st.type in SENDS and tb.send >= 0:
                         sends[(g.id, tb.send, tb.chan)].append(me)
                     if st.type in RECVS and tb.recv >= 0:
                         recvs[(tb.recv, g.id, tb.chan)].append(me)
         for key, rs in recvs.items():
             for s, r in zip(sends.get(key, ()), rs, strict=False):
-                preds[r].append(s)
-        indeg = [len(p) for p in preds]
-        succs: list[list[int]] = [[] for _ in nodes]
-        for v, ps in enumerate(preds):
-            for p in ps:
-                succs[p].append(v)
+                succs[s].append(r)
+                indeg[r] += 1
         ready = [v for v, d in enumerate(indeg) if d == 0]
         done = 0
         while ready:
@@ -424,13 +424,17 @@ class _Checker:
         if done == len(nodes):
             return
         left = {v for v, d in enumerate(indeg) if d > 0}
+        preds: list[list[int]] = [[] for _ in nodes]
+        for v, ws in enumerate(succs):
+            for w in ws:
+                preds[w].append(v)
         cycle = _find_cycle(left, preds)
         shown = " <- ".join(f"gpu {nodes[v].gpu} tb {nodes[v].tb} step {nodes[v].step}"
                             for v in cycle[:8])
-        first = nodes[cycle[0]]
-        self.bad(first.line, "cycle", f"{len(left)} step(s) wait on each other in a cycle and "
-                 f"never run: {shown}{' ...' if len(cycle) > 8 else ''}", first.gpu, first.tb,
-                 first.step)
+        first_node = nodes[cycle[0]]
+        self.bad(first_node.line, "cycle", f"{len(left)} step(s) wait on each other in a cycle "
+                 f"and never run: {shown}{' ...' if len(cycle) > 8 else ''}", first_node.gpu,
+                 first_node.tb, first_node.step)
 
 
 def _find_cycle(left: set[int], preds: list[list[int]]) -> list[int]:
