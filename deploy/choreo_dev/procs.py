@@ -144,6 +144,19 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
+def peak_rss_bytes(pid: int) -> int:
+    """The most resident memory a process has had (Linux ``VmHWM``; 0 if it is gone or the
+    kernel does not say): what a container's memory limit must allow, not what it holds now."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def process_tree(pid: int) -> list[int]:
     """``pid`` and all its descendants (none if it is gone)."""
     try:
