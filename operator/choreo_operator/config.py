@@ -35,6 +35,9 @@ class Config(BaseSettings):
                              "(seconds)")
     timeout: float = Field(60.0, gt=0, description="deadline of one synthesis call (seconds)")
     restarts: int = Field(2, ge=0, description="randomized restarts per synthesis")
+    max_requests: int = Field(8, ge=1, description="synthesis calls in flight at once; more "
+                              "groups wait in the operator, not refused by a busy synthesizer "
+                              "(about twice the workers of all synthesizer replicas)")
     max_buckets: int = Field(4, ge=1, description="size buckets per collective")
     split_bytes: int = Field(900 * 1024, gt=0, description="split a schedule into per-pod "
                              "ConfigMaps above this size")

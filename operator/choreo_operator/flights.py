@@ -50,7 +50,7 @@ class Flights:
     def __init__(self, synth: Synthesizer, reporter: Reporter, publisher: Publisher,
                  poke: Callable[[str], None], *, timeout_seconds: float,
                  backoff_initial_seconds: float, backoff_max_seconds: float,
-                 publish_slots: int) -> None:
+                 publish_slots: int, request_slots: int) -> None:
         self.synth = synth
         self.reporter = reporter
         self.publisher = publisher
@@ -61,6 +61,11 @@ class Flights:
         self.running: dict[str, Flight] = {}  # group scope -> its synthesis
         self.current: dict[str, str] = {}  # group scope -> inputs hash of the latest round
         self._publishing = asyncio.Semaphore(publish_slots)
+        # A synthesizer refuses what its queue cannot hold. At startup every group asks at
+        # once; refused, each would retry on a timer and write its status every time (2,486
+        # refusals and as many status writes in 20 minutes at 5000 nodes), so the calls wait
+        # their turn here instead, in the order they asked.
+        self._requesting = asyncio.Semaphore(request_slots)
 
     def keep(self, scopes: set[str]) -> None:
         """Cancel the flights of groups that no longer exist."""
@@ -177,10 +182,11 @@ class Flights:
 
     async def _ask(self, requests: list[Any]) -> Any:
         """One answer for all ``requests`` (a joint one, or one per tenant)."""
-        response = await self.synth.synthesize(requests[0], timeout=self.timeout_seconds)
-        for extra in requests[1:]:
-            more = await self.synth.synthesize(extra, timeout=self.timeout_seconds)
-            response.tenants.extend(more.tenants)
+        async with self._requesting:
+            response = await self.synth.synthesize(requests[0], timeout=self.timeout_seconds)
+            for extra in requests[1:]:
+                more = await self.synth.synthesize(extra, timeout=self.timeout_seconds)
+                response.tenants.extend(more.tenants)
         return response
 
     def _retrying(self, plan: GroupPlan, reason: str) -> AsyncRetrying:

@@ -68,7 +68,8 @@ class Runtime:
         return Reconciler(self.read, self.api, self.synth, Settings(
             quiet_seconds=config.debounce, max_delay_seconds=config.max_delay,
             call_timeout_seconds=config.timeout, restarts=config.restarts,
-            max_buckets=config.max_buckets, split_bytes=config.split_bytes))
+            max_buckets=config.max_buckets, split_bytes=config.split_bytes,
+            request_slots=config.max_requests))
 
     def _values(self, name: str) -> Iterator[Any]:
         index = self.indices[name] if self.indices is not None else {}

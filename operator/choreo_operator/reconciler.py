@@ -39,6 +39,7 @@ class Settings:
     max_buckets: int = 4
     split_bytes: int = results.SPLIT_BYTES
     publish_slots: int = 2  # groups whose schedules are written at the same time
+    request_slots: int = 8  # synthesis calls in flight at once
 
 
 class Reconciler:
@@ -57,7 +58,7 @@ class Reconciler:
                                timeout_seconds=s.call_timeout_seconds,
                                backoff_initial_seconds=s.backoff_initial_seconds,
                                backoff_max_seconds=s.backoff_max_seconds,
-                               publish_slots=s.publish_slots)
+                               publish_slots=s.publish_slots, request_slots=s.request_slots)
         self.rounds = 0
         self._stopping = False
 

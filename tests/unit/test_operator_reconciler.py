@@ -566,3 +566,40 @@ def test_a_failure_round_reuses_the_placements_and_a_pod_change_does_not() -> No
     fewer = [j.model_copy(update={"spec": j.spec.model_copy(update={"gpus_per_pod": 2})})
              if j.name == "a" else j for j in inputs.jobs]
     assert len(placer.place(fewer, moved, rebuilt)["ns/a"].slots) == 4  # a spec change: again
+
+
+def test_groups_wait_their_turn_for_the_synthesizer_instead_of_being_refused() -> None:
+    """Six groups asking at once with two request slots: never more than two calls in
+    flight, no refusal to retry and no Degraded status, every tenant published."""
+    in_flight, most = 0, 0
+
+    class SlowSynth(FakeSynth):
+        async def synthesize(self, request: Any, timeout: float) -> Any:
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            try:
+                await asyncio.sleep(0.01)
+                return await super().synthesize(request, timeout)
+            finally:
+                in_flight -= 1
+
+    names = "abcdef"
+    coll = {"name": "grads", "collective": "allreduce", "minBytes": 1 << 20, "maxBytes": 1 << 22}
+    pods = [PodInfo("ns", f"{t}0", f"{t}0", (("t", t),), f"n{i}", 8, None,
+                    (("batch.kubernetes.io/job-completion-index", "0"),), (), True)
+            for i, t in enumerate(names)]
+    inputs = Inputs([fabric(len(names))], {}, [],
+                    {f"n{i}": NodeInfo(f"n{i}", True, 8) for i in range(len(names))},
+                    [job(t, collectives=[coll]) for t in names], pods)
+    api, synth = FakeApi(), SlowSynth()
+    rec = Reconciler(lambda: inputs, api, synth, Settings(request_slots=2))
+
+    async def main() -> None:
+        await rec.round({"startup"}, 0.0)
+        await _landed(rec)
+    asyncio.run(main())
+    assert len(synth.calls) == len(names) and most == 2
+    for t in names:
+        assert api.status(t)["phase"] == "Ready"
+        assert all(s.get("phase") != "Degraded" for s in api.statuses(t))
