@@ -235,7 +235,7 @@ def run(nodes: int, tenants: int, reps: int, keep: Path | None,
             Row(f"operator RSS, {nodes} nodes x 8 GPUs, {tenants} tenants", f"{rss:.0f} MiB",
                 f"<= {rss_target} MiB", "1000 nodes: 500 MiB; 5000 nodes: 1 GiB",
                 rss <= rss_target),
-            Row(f"operator peak RSS while {tenants} tenants were first published",
+            Row(f"operator peak RSS, from start until {tenants} tenants settled",
                 f"{settle_peak:.0f} MiB", f"<= {rss_target} MiB",
                 "the chart's operator memory limit: 1 GiB", settle_peak <= rss_target),
             bench.burst_row([j for j in layout if j not in ("t0", "t1")

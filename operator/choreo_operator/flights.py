@@ -63,7 +63,7 @@ class Flights:
         self._publishing = asyncio.Semaphore(publish_slots)
         # A synthesizer refuses what its queue cannot hold. At startup every group asks at
         # once; refused, each would retry on a timer and write its status every time (2,486
-        # refusals and as many status writes in 20 minutes at 5000 nodes), so the calls wait
+        # refusals and as many status writes in 17 minutes at 5000 nodes), so the calls wait
         # their turn here instead, in the order they asked.
         self._requesting = asyncio.Semaphore(request_slots)
 
