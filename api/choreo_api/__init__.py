@@ -528,6 +528,7 @@ class SizeRange(Model):
     min_bytes: int | None = None
     max_bytes: int | None = None
     runs: Literal["choreo", "NCCL"] | None = None
+    reason: Literal["NcclFaster", "ConfigMapLimit"] | None = None
     speedup_vs_nccl: float | None = None
 
 

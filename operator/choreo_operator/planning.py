@@ -14,11 +14,22 @@ import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from choreo.service.client import RequestOptions, TenantRequest
-from choreo_api import CollectiveJob, DeviceFailure, FabricTopology, NodeFabricSpec
+from choreo.service.client import (
+    CollectiveLike,
+    CollectiveRequest,
+    RequestOptions,
+    TenantRequest,
+)
+from choreo_api import (
+    CollectiveJob,
+    CollectiveSpec,
+    DeviceFailure,
+    FabricTopology,
+    NodeFabricSpec,
+)
 from choreo_operator.fabric import (
     BaseFabric,
     Fabric,
@@ -136,14 +147,16 @@ class FabricCache:
 
 def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placement],
                 fabric: Fabric, *, max_buckets: int, restarts: int, timeout_seconds: float,
-                bucket_caps: Mapping[str, int] | None = None, subs: Subfabrics | None = None,
+                trims: Mapping[str, Mapping[str, tuple[int, int]]] | None = None,
+                subs: Subfabrics | None = None,
                 ) -> tuple[list[GroupPlan], dict[str, Blocked]]:
     """The plan of every group of placed, connected tenants, and why each other job waits.
 
-    ``bucket_caps``: the fewer size buckets a job's schedule was learned to need (its files
-    did not fit in a ConfigMap); ``subs``: sub-fabrics cached from earlier rounds."""
+    ``trims``: per job and collective, the smallest size still asked for and its size buckets
+    (learned when smaller sizes' files did not fit a pod's ConfigMap); ``subs``: sub-fabrics
+    cached from earlier rounds."""
     subs = subs if subs is not None else Subfabrics()
-    caps = bucket_caps or {}
+    trims = trims or {}
     topo = fabric.topology
     blocked: dict[str, Blocked] = {}
     members: list[Member] = []
@@ -185,9 +198,8 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
         tenants = [TenantRequest(j.key, tuple(ids[s.npu] for s in live[j.key]),
                                  j.spec.collectives, j.spec.weight) for j in group_jobs]
         first = group_jobs[0].spec
-        buckets = min([max_buckets] + [caps[j.key] for j in group_jobs if j.key in caps])
         options = RequestOptions(first.dialect, first.instances, first.protocol, restarts,
-                                 buckets, timeout_seconds,
+                                 max_buckets, timeout_seconds,
                                  any(j.spec.when_nccl_faster == SHIP_ANYWAY for j in group_jobs),
                                  gzip=True)
         fingerprint = sub.fingerprint()
@@ -198,6 +210,10 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
         key = (fingerprint, tuple(tenants),
                tuple((f, getattr(options, f)) for f in HASHED_OPTIONS), ranks)
         hashed = subs.hashed(key, functools.partial(inputs_hash, *key))
+        # Trims follow from the files of these inputs: the hash leaves them out, so learning
+        # one does not make the schedule just published look out of date.
+        tenants = [replace(t, collectives=_asked(j.spec.collectives, trims.get(j.key, {})))
+                   for t, j in zip(tenants, group_jobs, strict=True)]
         plan = GroupPlan(group, group_jobs, {k: placements[k] for k in group.members},
                          {k: live[k] for k in group.members}, tenants, sub, hashed,
                          fingerprint, options)
@@ -211,6 +227,15 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
                     t.weight)))
         plans.append(plan)
     return plans, blocked
+
+
+def _asked(specs: Sequence[CollectiveSpec], trims: Mapping[str, tuple[int, int]],
+          ) -> tuple[CollectiveLike, ...]:
+    """The collectives as asked: of each one whose smaller sizes' files did not fit a pod's
+    ConfigMap, only the sizes kept, in as many size buckets as were kept."""
+    return tuple(CollectiveRequest(c.collective, trims[c.name][0], c.max_bytes, c.root,
+                                   c.chunks, trims[c.name][1]) if c.name in trims else c
+                 for c in specs)
 
 
 def problem_reason(problem: str) -> str:

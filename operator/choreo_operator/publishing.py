@@ -2,10 +2,11 @@
 
 ConfigMaps are content-addressed and immutable (``results``): publishing the same schedule
 twice finds it already there (409), and a pod keeps the files it started with. A schedule too
-large for one ConfigMap is split per pod; one too large even then is synthesized again with
-fewer size buckets. Old ConfigMaps are deleted only once no pod mounts them and the job's
-status no longer names them; a job's writes and deletions hold its lock, so a schedule that
-comes back is never deleted between its create and the status that names it.
+large for one ConfigMap is split per pod; one too large even then leaves its smallest size
+ranges to NCCL, and the job asks for the others only from then on. Old ConfigMaps are deleted
+only once no pod mounts them and the job's status no longer names them; a job's writes and
+deletions hold its lock, so a schedule that comes back is never deleted between its create
+and the status that names it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import ctypes
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from kubernetes_asyncio.client import ApiException
@@ -77,8 +79,12 @@ class Publisher:
                 plan.fingerprint, self.split_bytes)
             too_big = results.oversized(bodies)
             if too_big:
-                await self._too_large(job, plan, result, bodies, too_big, reason)
-                return False
+                fitted = await asyncio.to_thread(self._fit, job, schedule, bodies, pod_ranks,
+                                                 plan)
+                if fitted is None:
+                    await self._too_large(job, plan, too_big, reason)
+                    return False
+                schedule, (name, parts, bodies) = fitted
             await self._create(job, schedule, bodies, parts, await listing)
         finally:
             listing.cancel()
@@ -105,10 +111,9 @@ class Publisher:
                f"; synthesized alone ({plan.alone}) though it shares links with "
                f"{', '.join(others)}" if plan.alone else
                f"; jointly with {', '.join(others)}")
-        left_to_nccl = [f"{c.name} {format_size(r.min_bytes)}..{format_size(r.max_bytes)}"
-                        for c in schedule.collectives for r in c.nccl_ranges]
-        nccl_note = ("" if not left_to_nccl else "; NCCL is predicted faster and runs "
-                     + ", ".join(left_to_nccl) + " (no file for those sizes)")
+        nccl_note = "".join(
+            f"; NCCL {why} and runs " + ", ".join(ranges) + " (no file for those sizes)"
+            for why, ranges in _left_to_nccl(schedule).items())
         updates: dict[str, status.Update] = {
             "Ready": (True, "Synthesized",
                       f"schedule {name} for {len(slots)} ranks{how}{nccl_note}"),
@@ -133,21 +138,29 @@ class Publisher:
         _gauge(job, state, schedule)
         return True
 
-    async def _too_large(self, job: CollectiveJob, plan: GroupPlan, result: Any,
-                         bodies: list[dict[str, Any]], too_big: str, reason: str) -> None:
-        used = max((len(c.buckets) for c in result.collectives), default=1)
-        if used > 1:
-            # Fewer size buckets mean fewer files per ConfigMap: try the count that fits.
-            largest = max(results.data_bytes(b) for b in bodies)
-            cap = max(1, min(used - 1, int(used * 0.9 * results.CONFIGMAP_MAX_BYTES / largest)))
-            self.reporter.state(job).bucket_cap = cap
-            metrics.RESYNTHESES.labels(reason=reason, result="too_large").inc()
-            await self.reporter.update_jobs([job], {"Synthesizing": (
-                True, "FewerSizeBuckets", f"a pod's ConfigMap would hold {largest / 2**20:.2f} "
-                f"MiB, over the 1 MiB limit; synthesizing again with {cap} size bucket(s) "
-                f"instead of {used}")}, event=("Normal", "FewerSizeBuckets"))
-            self.poke("retry")
-            return
+    def _fit(self, job: CollectiveJob, schedule: results.Schedule, bodies: list[dict[str, Any]],
+             pod_ranks: dict[str, tuple[int, int]], plan: GroupPlan,
+             ) -> tuple[results.Schedule, results.ConfigMaps] | None:
+        """The schedule without its smallest size ranges' files, so that a pod's ConfigMap
+        fits (NCCL runs those sizes), and its ConfigMaps; None if nothing fits.
+
+        Leaving files out costs nothing, where synthesizing again with fewer size buckets
+        would cost a second synthesis of the largest tenants (the slowest ones) and serve
+        small sizes with a schedule made for a large one. The job's later requests ask only
+        for the ranges kept, so the synthesizer no longer makes the files left out."""
+        drop = results.left_out(schedule, bodies)
+        if not drop:
+            return None
+        fitted = results.without(schedule, drop)
+        made = results.config_maps(job, fitted, pod_ranks, plan.placements[job.key].pod_index,
+                                   plan.inputs_hash, plan.fingerprint, self.split_bytes)
+        if results.oversized(made[2]):
+            return None
+        self.reporter.state(job).trims = results.trims(fitted)
+        return fitted, made
+
+    async def _too_large(self, job: CollectiveJob, plan: GroupPlan, too_big: str,
+                         reason: str) -> None:
         # The API server would refuse it on every retry: say so once, keep what pods have.
         self.reporter.state(job).inputs_hash = plan.inputs_hash
         metrics.RESYNTHESES.labels(reason=reason, result="rejected").inc()
@@ -266,22 +279,46 @@ def _listing_path(job: CollectiveJob) -> str:
             f"?labelSelector={results.LABEL_JOB}={job.name[:63]}")
 
 
+_WHY = {results.NCCL_FASTER: "is predicted faster",
+        results.CONFIGMAP_LIMIT: "keeps the sizes whose files would not fit a pod's ConfigMap"}
+
+
+def _left_to_nccl(schedule: results.Schedule) -> dict[str, list[str]]:
+    """The size ranges NCCL runs, by why."""
+    out: dict[str, list[str]] = {}
+    for c in schedule.collectives:
+        for r in c.nccl_ranges:
+            out.setdefault(_WHY[r.reason], []).append(
+                f"{c.name} {format_size(r.min_bytes)}..{format_size(r.max_bytes)}")
+    return out
+
+
 def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any) -> results.Schedule:
-    """The tenant's part of a synthesizer response as files, ranks and predictions."""
+    """The tenant's part of a synthesizer response as files, ranks and predictions. Sizes
+    below the response's first bucket were asked for no more (their files did not fit a
+    pod's ConfigMap): NCCL runs them."""
     schedule = results.Schedule(files={}, dialect=job.spec.dialect, ranks=[
         {"rank": r, "pod": s.pod, "node": s.node, "gpu": s.gpu} for r, s in enumerate(slots)])
     ship_anyway = job.spec.when_nccl_faster == SHIP_ANYWAY
     for spec, coll in zip(job.spec.collectives, result.collectives, strict=True):
         best = None
         sizes: dict[tuple[int, int], results.SizeRange] = {}
+        if coll.buckets and coll.buckets[0].min_bytes > spec.min_bytes:
+            lo = int(coll.buckets[0].min_bytes)
+            sizes[(spec.min_bytes, lo - 1)] = results.SizeRange(
+                spec.min_bytes, lo - 1, True, None, reason=results.CONFIGMAP_LIMIT)
         for b, bucket in enumerate(coll.buckets):
             p = bucket.prediction
             to_nccl = results.nccl_runs(bucket, ship_anyway)
-            sizes.setdefault((bucket.min_bytes, bucket.max_bytes), results.SizeRange(
+            key = results.xml_key(spec.name, b)
+            served = sizes.setdefault((bucket.min_bytes, bucket.max_bytes), results.SizeRange(
                 int(bucket.min_bytes), int(bucket.max_bytes), to_nccl,
-                p.speedup_vs_nccl if p.nccl_choice else None))
-            if not to_nccl:
-                schedule.files[results.xml_key(spec.name, b)] = bucket_xml(bucket)
+                p.speedup_vs_nccl if p.nccl_choice else None,
+                reason=results.NCCL_FASTER if to_nccl else ""))
+            if not to_nccl:  # one range may have two files (legacy: in place, out of place)
+                sizes[(bucket.min_bytes, bucket.max_bytes)] = replace(
+                    served, files=(*served.files, key))
+                schedule.files[key] = bucket_xml(bucket)
             if not bucket.verification.ok:
                 schedule.verified = False
                 schedule.errors.extend(bucket.verification.errors)

@@ -56,7 +56,9 @@ class JobState:
     config_map: str | None = None
     keep: set[str] = field(default_factory=set)  # ConfigMaps of the current schedule
     mounted: frozenset[str] | None = None
-    bucket_cap: int | None = None  # fewer size buckets, learned when files were too large
+    # Per collective, the smallest size still asked for and its size buckets: learned when
+    # the files of smaller sizes did not fit a pod's ConfigMap (NCCL runs those).
+    trims: dict[str, tuple[int, int]] = field(default_factory=dict)
     gauged: tuple[str, ...] = ()  # collectives with per-tenant gauges set
 
 
@@ -85,8 +87,8 @@ class Reporter:
             self.jobs[job.key] = state
         return state
 
-    def bucket_caps(self) -> dict[str, int]:
-        return {k: s.bucket_cap for k, s in self.jobs.items() if s.bucket_cap is not None}
+    def trims(self) -> dict[str, dict[str, tuple[int, int]]]:
+        return {k: s.trims for k, s in self.jobs.items() if s.trims}
 
     def forget_deleted(self, live: set[str]) -> None:
         """Drop the jobs that are gone, and their per-tenant series with them."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from choreo.msccl.split import split_per_node
@@ -30,19 +30,27 @@ MOUNT_PATH = "/etc/choreo"
 MSCCL_DIR = "msccl"
 
 
+NCCL_FASTER = "NcclFaster"  # NCCL is predicted to beat choreo's schedule there
+CONFIGMAP_LIMIT = "ConfigMapLimit"  # the file would not fit a pod's ConfigMap beside larger sizes'
+
+
 @dataclass(frozen=True)
 class SizeRange:
-    """Sizes ``min_bytes..max_bytes`` and who runs them: choreo's file, or NCCL where it is
-    predicted faster (no file: the MSCCL runtime falls back to NCCL)."""
+    """Sizes ``min_bytes..max_bytes`` and who runs them: choreo's file (``file``), or NCCL
+    (no file: the MSCCL runtime falls back to NCCL) for the ``reason`` given."""
 
     min_bytes: int
     max_bytes: int
     nccl_runs: bool
     speedup_vs_nccl: float | None  # NCCL's predicted time over choreo's
+    files: tuple[str, ...] = ()  # the XML keys serving these sizes, where choreo runs them
+    reason: str = ""  # why NCCL runs them: NCCL_FASTER or CONFIGMAP_LIMIT
 
     def status(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"minBytes": self.min_bytes, "maxBytes": self.max_bytes,
                                "runs": "NCCL" if self.nccl_runs else "choreo"}
+        if self.nccl_runs and self.reason:
+            doc["reason"] = self.reason
         if self.speedup_vs_nccl is not None:
             doc["speedupVsNccl"] = round(self.speedup_vs_nccl, 4)
         return doc
@@ -167,10 +175,12 @@ class Part:
     pod_rank: int  # the pod's rank label value, which the webhook sees at admission
 
 
+ConfigMaps = tuple[str, list[Part], list[dict[str, Any]]]  # base name, parts, bodies
+
+
 def config_maps(job: CollectiveJob, schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]],
                 pod_index: Mapping[str, int], inputs_hash: str, fingerprint: str,
-                split_bytes: int = SPLIT_BYTES,
-                ) -> tuple[str, list[Part], list[dict[str, Any]]]:
+                split_bytes: int = SPLIT_BYTES) -> ConfigMaps:
     """The ConfigMap bodies for a schedule: (base name, parts, bodies)."""
     digest = schedule.content_hash()
     name = base_name(job.name, digest)
@@ -202,6 +212,51 @@ CONFIGMAP_MAX_BYTES = 1 << 20  # the API server's limit on a ConfigMap's data
 def data_bytes(body: dict[str, Any]) -> int:
     """What the API server counts against a ConfigMap's limit."""
     return sum(len(k) + len(v.encode()) for k, v in body["data"].items())
+
+
+def left_out(schedule: Schedule, bodies: Sequence[dict[str, Any]]) -> set[str] | None:
+    """The XML keys to leave to NCCL so that every ConfigMap in ``bodies`` fits: the smallest
+    size ranges first (latency-bound, where a schedule gains least), never a collective's
+    largest. None when even that is not enough.
+
+    Every file is cut per pod, so a pod's ConfigMap shrinks by that file's piece of it."""
+    shipped = [[r for r in c.sizes if r.files] for c in schedule.collectives]
+    ranges = sorted((r for rs in shipped for r in rs[:-1]), key=lambda r: r.max_bytes)
+    sizes = [(data_bytes(b), b["data"]) for b in bodies]
+    dropped: set[str] = set()
+    for r in ranges:
+        if all(size <= CONFIGMAP_MAX_BYTES for size, _ in sizes):
+            break
+        dropped.update(r.files)
+        sizes = [(size - sum(_key_bytes(k, data) for k in r.files), data)
+                 for size, data in sizes]
+    return dropped if all(size <= CONFIGMAP_MAX_BYTES for size, _ in sizes) else None
+
+
+def _key_bytes(key: str, data: Mapping[str, str]) -> int:
+    return len(key) + len(data[key].encode()) if key in data else 0
+
+
+def without(schedule: Schedule, keys: set[str]) -> Schedule:
+    """``schedule`` with the files ``keys`` left out: NCCL runs their sizes."""
+    colls = [replace(c, sizes=tuple(
+        replace(r, nccl_runs=True, files=(), reason=CONFIGMAP_LIMIT)
+        if set(r.files) & keys else r for r in c.sizes)) for c in schedule.collectives]
+    return replace(schedule, files={k: v for k, v in schedule.files.items() if k not in keys},
+                   collectives=colls)
+
+
+def trims(schedule: Schedule) -> dict[str, tuple[int, int]]:
+    """Per collective whose smallest sizes NCCL runs for want of room, what to ask the
+    synthesizer for from now on: (the smallest size still served, the size buckets above
+    it)."""
+    out = {}
+    for c in schedule.collectives:
+        cut = [r for r in c.sizes if r.reason == CONFIGMAP_LIMIT]
+        if cut:
+            floor = max(r.max_bytes for r in cut) + 1
+            out[c.name] = (floor, sum(r.min_bytes >= floor for r in c.sizes))
+    return out
 
 
 def oversized(bodies: Sequence[dict[str, Any]]) -> str:

@@ -66,11 +66,15 @@ def test_several_tenants_and_collectives_share_one_fabric(served: Running) -> No
         TenantRequest.one("infer", list(range(15, 7, -1)), "allgather", 4 << 20),
     ], RequestOptions(max_buckets=3))
     request.tenants[0].collectives.add(collective="reducescatter", min_bytes=8 << 20)
+    # A collective's own bucket count overrides the request's, for it alone.
+    request.tenants[0].collectives.add(collective="allgather", min_bytes=1 << 20,
+                                       max_bytes=64 << 20, max_buckets=2)
     resp = served.client.synthesize(request, timeout=120)
     train, infer = resp.tenants
     assert (train.name, infer.name) == ("train", "infer")
-    assert [c.collective for c in train.collectives] == ["allreduce", "reducescatter"]
-    assert [len(c.buckets) for c in train.collectives] == [3, 1]
+    assert [c.collective for c in train.collectives] == ["allreduce", "reducescatter",
+                                                         "allgather"]
+    assert [len(c.buckets) for c in train.collectives] == [3, 1, 2]
     assert [c.collective for c in infer.collectives] == ["allgather"]
     assert len(infer.collectives[0].buckets) == 1
     for t in resp.tenants:
@@ -82,6 +86,7 @@ def test_several_tenants_and_collectives_share_one_fabric(served: Running) -> No
     files = [b.file_name for t in resp.tenants for c in t.collectives for b in c.buckets]
     assert len(set(files)) == len(files)
     assert files[0].startswith("0-allreduce-train") and files[3].startswith("1-reducescatter")
+    assert files[4].startswith("2-allgather-train")
 
 
 def test_legacy_gets_an_in_place_and_an_out_of_place_file_per_range(served: Running) -> None:
@@ -262,6 +267,8 @@ def _bad_requests() -> list[tuple[str, pb.SynthesizeRequest | bytes, str]]:
          lambda r: r.tenants[0].ClearField("collectives"))
     case("zero chunks", "tenants[0].collectives[0].chunks",
          lambda r: setattr(r.tenants[0].collectives[0], "chunks", 0))
+    case("too many buckets", "tenants[0].collectives[0].max_buckets",
+         lambda r: setattr(r.tenants[0].collectives[0], "max_buckets", 17))
     case("no tenant name", "tenants[0].name", lambda r: setattr(r.tenants[0], "name", ""))
     case("negative weight", "tenants[0].weight", lambda r: setattr(r.tenants[0], "weight", -1))
     case("relay through others", "tenants[0].relay",

@@ -13,6 +13,7 @@ from api_helpers import fabric, failure, job
 from kubernetes_asyncio.client import ApiException
 
 from choreo.service.api import pb
+from choreo.service.buckets import plan_buckets
 from choreo_api import CollectiveJobStatus, DeviceFailure
 from choreo_operator import model
 from choreo_operator.model import NodeInfo, PodInfo
@@ -240,8 +241,14 @@ def test_planning_is_a_pure_function_of_the_inputs() -> None:
     [plan] = plans  # a and b share the NIC: one group, with a fallback for each alone
     assert not blocked and [p.inputs_hash for p in again] == [plan.inputs_hash]
     assert [j.key for j in plan.members] == ["ns/a", "ns/b"] and len(plan.singles) == 2
-    [capped], _ = plan_groups(inputs.jobs, placements, fab, bucket_caps={"ns/b": 2}, **limits)
-    assert capped.options.max_buckets == 2 and capped.inputs_hash != plan.inputs_hash
+    # Trims follow from the published files: they change what is asked, not the hash.
+    [trimmed], _ = plan_groups(inputs.jobs, placements, fab,
+                               trims={"ns/b": {"grads": (1 << 21, 2)}}, **limits)
+    [a, b] = trimmed.tenants
+    assert a.collectives == plan.tenants[0].collectives and trimmed.options == plan.options
+    assert [(c.min_bytes, c.max_bytes, c.max_buckets) for c in b.collectives] == [
+        (1 << 21, 1 << 22, 2)]
+    assert trimmed.inputs_hash == plan.inputs_hash
     pods = [p for p in inputs.pods if not p.name.startswith("b")]
     plans, blocked = plan_groups(inputs.jobs, place(inputs.jobs, pods, fab), fab, **limits)
     assert blocked == {"ns/b": ("Pending", "NoPods", "no running pod matches the selector")}
@@ -348,39 +355,60 @@ def test_a_schedule_too_large_for_configmaps_is_reported_once_not_retried() -> N
     assert "1 MiB" in str(final["conditions"]) and final["lastSynthesis"]["inputsHash"]
 
 
-def test_files_too_large_for_a_configmap_are_synthesized_again_with_fewer_buckets() -> None:
+def test_files_too_large_for_a_configmap_leave_the_smallest_sizes_to_nccl() -> None:
+    """Four size buckets of 0.4 MiB per pod do not fit a ConfigMap: the two smallest ranges
+    are left to NCCL at once (no second synthesis), and later requests ask only for the two
+    kept, in two buckets, so the synthesizer no longer makes the files left out."""
+
     class BucketSynth(FakeSynth):
-        """One ~0.4 MiB file per size bucket, as many buckets as the request allows."""
+        """One ~0.4 MiB file per size bucket, the buckets the service would plan."""
 
         async def synthesize(self, request: Any, timeout: float) -> Any:
             resp = await super().synthesize(request, timeout)
-            for t in resp.tenants:
-                for c in t.collectives:
-                    first = c.buckets[0]
-                    del c.buckets[:]
-                    for _ in range(request.options.max_buckets):
-                        b = c.buckets.add()
+            for t, out in zip(request.tenants, resp.tenants, strict=True):
+                for c, res in zip(t.collectives, out.collectives, strict=True):
+                    first = res.buckets[0]
+                    del res.buckets[:]
+                    count = c.max_buckets or request.options.max_buckets
+                    for bk in plan_buckets(c.min_bytes, c.max_bytes, count, lambda _: 1):
+                        b = res.buckets.add()
                         b.CopyFrom(first)
-                        b.xml = _padded(8, 100 << 10)  # 0.4 MiB per 4-GPU pod
+                        b.min_bytes, b.max_bytes = bk.lo, bk.hi
+                        b.representative_bytes = bk.size
+                        b.xml = _padded(len(t.npus), 100 << 10)  # 0.4 MiB a 4-GPU pod
             return resp
 
     api, synth = FakeApi(), BucketSynth()
-    rec = Reconciler(lambda: _inputs([]), api, synth,
+    state: dict[str, Any] = {"failures": []}
+    rec = Reconciler(lambda: _inputs(state["failures"]), api, synth,
                      Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
 
     async def main() -> None:
         await rec.round({"job"}, 0.0)
         await _landed(rec)
-        reasons, _ = await asyncio.wait_for(rec.debouncer.wait(), 5)
-        await rec.round(reasons, 0.0)
+        assert len(synth.calls) == 1 and not rec.flights.running
+        first = api.status("a")
+        assert first["phase"] == "Ready" and first["files"] == ["grads-2.xml", "grads-3.xml"]
+        state["failures"] = [failure("x", "n1", "gpu", gpu=1)]
+        await rec.round({"failure"}, 0.0)
         await _landed(rec)
 
     asyncio.run(main())
-    assert [c.options.max_buckets for c in synth.calls] == [4, 2]  # 1.6 MiB -> 2 buckets
-    final = api.status("a")
-    assert final["phase"] == "Ready" and final["files"] == ["grads-0.xml", "grads-1.xml"]
-    assert any(s.get("conditions") and "FewerSizeBuckets" in str(s["conditions"])
-               for s in api.statuses("a"))
+    planned = plan_buckets(1 << 20, 1 << 22, 4, lambda _: 1)
+    [first], [again] = (call.tenants[0].collectives for call in synth.calls)
+    assert (first.min_bytes, first.max_buckets) == (1 << 20, 0)
+    assert (again.min_bytes, again.max_buckets) == (planned[2].lo, 2)
+    assert [c.options.max_buckets for c in synth.calls] == [4, 4]  # b's buckets are its own
+    final = api.status("a")  # Degraded: a GPU failed, the schedule uses the others
+    assert final["phase"] == "Degraded" and final["files"] == ["grads-0.xml", "grads-1.xml"]
+    [sizes] = [c["sizes"] for c in final["collectives"]]
+    assert sizes[0] == {"minBytes": 1 << 20, "maxBytes": planned[2].lo - 1, "runs": "NCCL",
+                        "reason": "ConfigMapLimit"}
+    assert [(r["minBytes"], r["runs"]) for r in sizes[1:]] == [
+        (planned[2].lo, "choreo"), (planned[3].lo, "choreo")]
+    ready = next(c for c in final["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and "would not fit a pod's ConfigMap" in ready["message"]
+    assert not any("FewerSizeBuckets" in str(s) for s in api.statuses("a"))
 
 
 @pytest.mark.parametrize("lost", [

@@ -46,6 +46,7 @@ class CollectiveRequest:
     max_bytes: int = 0
     root: int = 0
     chunks: int | None = None
+    max_buckets: int = 0  # size buckets for this range alone; 0: the request's options say
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ def build_request(fabric: Topology | pb.FabricSnapshot, tenants: Sequence[Tenant
         specs = []
         for c in t.collectives:
             spec = pb.CollectiveSpec(collective=c.collective, min_bytes=c.min_bytes,
-                                     max_bytes=c.max_bytes, root=c.root)
+                                     max_bytes=c.max_bytes, root=c.root,
+                                     max_buckets=getattr(c, "max_buckets", 0))
             if c.chunks is not None:
                 spec.chunks = c.chunks
             specs.append(spec)

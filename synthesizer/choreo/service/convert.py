@@ -39,6 +39,7 @@ class CollectiveSpec:
     max_bytes: int
     chunks: int | None
     root: int
+    max_buckets: int = 0  # 0: the request's options say
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,9 @@ def _collective(c: pb.CollectiveSpec, at: str, n: int) -> CollectiveSpec:
         raise invalid(f"{at}.chunks", f"must be in 1..{MAX_CHUNKS}, got {chunks}")
     if coll.rooted and c.root >= n:
         raise invalid(f"{at}.root", f"rank {c.root} is not in 0..{n - 1}")
-    return CollectiveSpec(coll, lo, hi, chunks, c.root if coll.rooted else 0)
+    if c.max_buckets > MAX_BUCKETS:
+        raise invalid(f"{at}.max_buckets", f"at most {MAX_BUCKETS}, got {c.max_buckets}")
+    return CollectiveSpec(coll, lo, hi, chunks, c.root if coll.rooted else 0, c.max_buckets)
 
 
 def options_from_proto(o: pb.Options) -> tuple[OptionsSpec, float]:
@@ -245,7 +248,7 @@ def spec_key(tenants: tuple[TenantSpec, ...], options: OptionsSpec) -> bytes:
     """
     doc = [
         [[t.name, t.npus, t.weight,
-          [[c.collective.value, c.min_bytes, c.max_bytes, c.chunks, c.root]
+          [[c.collective.value, c.min_bytes, c.max_bytes, c.chunks, c.root, c.max_buckets]
            for c in t.collectives]] for t in tenants],
         [getattr(options, f.name) for f in fields(OptionsSpec)],
     ]

@@ -307,8 +307,10 @@ def _buckets(work: Work, t: TenantSpec, j: int) -> int:
     four files, two per bucket where it needs in-place and out-of-place ones."""
     if _hierarchical(work, t, j):
         return 1
-    most = max_buckets(t.collectives[j].collective, work.options.dialect)
-    return work.options.max_buckets if most is None else min(most, work.options.max_buckets)
+    c = t.collectives[j]
+    wanted = c.max_buckets or work.options.max_buckets
+    most = max_buckets(c.collective, work.options.dialect)
+    return wanted if most is None else min(most, wanted)
 
 
 def _chunker(work: Work, t: TenantSpec, j: int) -> Callable[[int], int]:
