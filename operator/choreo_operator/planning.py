@@ -41,6 +41,7 @@ from choreo_operator.fabric import (
 from choreo_operator.grouping import Group, Member
 from choreo_operator.model import SHIP_ANYWAY, Invalid, NodeInfo, PodInfo
 from choreo_operator.placement import Placement, RankSlot, healthy_slots
+from choreo_operator.results import Trim
 
 # The request options a CollectiveJob's inputs hash covers (what the operator sets; the hashes
 # recorded in job statuses stay valid across versions that add options).
@@ -147,14 +148,13 @@ class FabricCache:
 
 def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placement],
                 fabric: Fabric, *, max_buckets: int, restarts: int, timeout_seconds: float,
-                trims: Mapping[str, Mapping[str, tuple[int, int]]] | None = None,
+                trims: Mapping[str, Mapping[str, Trim]] | None = None,
                 subs: Subfabrics | None = None,
                 ) -> tuple[list[GroupPlan], dict[str, Blocked]]:
     """The plan of every group of placed, connected tenants, and why each other job waits.
 
-    ``trims``: per job and collective, the smallest size still asked for and its size buckets
-    (learned when smaller sizes' files did not fit a pod's ConfigMap); ``subs``: sub-fabrics
-    cached from earlier rounds."""
+    ``trims``: per job and collective, the sizes still asked for (learned when smaller sizes'
+    files did not fit a pod's ConfigMap); ``subs``: sub-fabrics cached from earlier rounds."""
     subs = subs if subs is not None else Subfabrics()
     trims = trims or {}
     topo = fabric.topology
@@ -229,13 +229,17 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
     return plans, blocked
 
 
-def _asked(specs: Sequence[CollectiveSpec], trims: Mapping[str, tuple[int, int]],
+def _asked(specs: Sequence[CollectiveSpec], trims: Mapping[str, Trim],
           ) -> tuple[CollectiveLike, ...]:
     """The collectives as asked: of each one whose smaller sizes' files did not fit a pod's
-    ConfigMap, only the sizes kept, in as many size buckets as were kept."""
-    return tuple(CollectiveRequest(c.collective, trims[c.name][0], c.max_bytes, c.root,
-                                   c.chunks, trims[c.name][1]) if c.name in trims else c
-                 for c in specs)
+    ConfigMap, only the sizes kept, in as many size buckets as were kept (until its spec
+    changes)."""
+    asked: list[CollectiveLike] = []
+    for c in specs:
+        trim = trims.get(c.name)
+        asked.append(c if trim is None or trim.spec != c else CollectiveRequest(
+            c.collective, trim.floor, c.max_bytes, c.root, c.chunks, trim.buckets))
+    return tuple(asked)
 
 
 def problem_reason(problem: str) -> str:

@@ -156,7 +156,7 @@ class Publisher:
                                    plan.inputs_hash, plan.fingerprint, self.split_bytes)
         if results.oversized(made[2]):
             return None
-        self.reporter.state(job).trims = results.trims(fitted)
+        self.reporter.state(job).trims = results.trims(job, fitted)
         return fitted, made
 
     async def _too_large(self, job: CollectiveJob, plan: GroupPlan, too_big: str,

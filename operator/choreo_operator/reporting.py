@@ -30,6 +30,7 @@ from choreo_operator.kube import CALL_ERRORS, ApiException
 from choreo_operator.model import Invalid, resumed
 from choreo_operator.placement import Placement
 from choreo_operator.planning import Blocked, Inputs
+from choreo_operator.results import Trim
 
 log = logging.getLogger("choreo.operator")
 
@@ -56,9 +57,9 @@ class JobState:
     config_map: str | None = None
     keep: set[str] = field(default_factory=set)  # ConfigMaps of the current schedule
     mounted: frozenset[str] | None = None
-    # Per collective, the smallest size still asked for and its size buckets: learned when
-    # the files of smaller sizes did not fit a pod's ConfigMap (NCCL runs those).
-    trims: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Per collective, the sizes still asked for: learned when the files of smaller sizes did
+    # not fit a pod's ConfigMap (NCCL runs those).
+    trims: dict[str, Trim] = field(default_factory=dict)
     gauged: tuple[str, ...] = ()  # collectives with per-tenant gauges set
 
 
@@ -87,7 +88,7 @@ class Reporter:
             self.jobs[job.key] = state
         return state
 
-    def trims(self) -> dict[str, dict[str, tuple[int, int]]]:
+    def trims(self) -> dict[str, dict[str, Trim]]:
         return {k: s.trims for k, s in self.jobs.items() if s.trims}
 
     def forget_deleted(self, live: set[str]) -> None:

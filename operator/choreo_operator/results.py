@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from choreo.msccl.split import split_per_node
-from choreo_api import API_VERSION, CollectiveJob
+from choreo_api import API_VERSION, CollectiveJob, CollectiveSpec
 
 SPLIT_BYTES = 900 * 1024  # below the 1 MiB object limit, leaving room for metadata
 RANKS_KEY = "ranks.json"
@@ -246,16 +246,26 @@ def without(schedule: Schedule, keys: set[str]) -> Schedule:
                    collectives=colls)
 
 
-def trims(schedule: Schedule) -> dict[str, tuple[int, int]]:
-    """Per collective whose smallest sizes NCCL runs for want of room, what to ask the
-    synthesizer for from now on: (the smallest size still served, the size buckets above
-    it)."""
+@dataclass(frozen=True)
+class Trim:
+    """What to ask the synthesizer for of a collective whose smallest sizes NCCL runs for
+    want of room: sizes from ``floor`` up, in ``buckets`` size buckets. It holds while the
+    collective's spec is ``spec``."""
+
+    spec: CollectiveSpec
+    floor: int
+    buckets: int
+
+
+def trims(job: CollectiveJob, schedule: Schedule) -> dict[str, Trim]:
+    """The trims ``schedule`` calls for, by collective name."""
+    specs = {c.name: c for c in job.spec.collectives}
     out = {}
     for c in schedule.collectives:
         cut = [r for r in c.sizes if r.reason == CONFIGMAP_LIMIT]
         if cut:
             floor = max(r.max_bytes for r in cut) + 1
-            out[c.name] = (floor, sum(r.min_bytes >= floor for r in c.sizes))
+            out[c.name] = Trim(specs[c.name], floor, sum(r.min_bytes >= floor for r in c.sizes))
     return out
 
 

@@ -20,6 +20,7 @@ from choreo_operator.model import NodeInfo, PodInfo
 from choreo_operator.placement import place
 from choreo_operator.planning import FabricCache, Inputs, plan_groups
 from choreo_operator.reconciler import Reconciler, Settings
+from choreo_operator.results import Trim
 from choreo_operator.synthclient import Outcome, SynthesisError
 
 XML = '<algo ngpus="{n}"></algo>'
@@ -241,14 +242,20 @@ def test_planning_is_a_pure_function_of_the_inputs() -> None:
     [plan] = plans  # a and b share the NIC: one group, with a fallback for each alone
     assert not blocked and [p.inputs_hash for p in again] == [plan.inputs_hash]
     assert [j.key for j in plan.members] == ["ns/a", "ns/b"] and len(plan.singles) == 2
-    # Trims follow from the published files: they change what is asked, not the hash.
-    [trimmed], _ = plan_groups(inputs.jobs, placements, fab,
-                               trims={"ns/b": {"grads": (1 << 21, 2)}}, **limits)
-    [a, b] = trimmed.tenants
-    assert a.collectives == plan.tenants[0].collectives and trimmed.options == plan.options
-    assert [(c.min_bytes, c.max_bytes, c.max_buckets) for c in b.collectives] == [
-        (1 << 21, 1 << 22, 2)]
-    assert trimmed.inputs_hash == plan.inputs_hash
+    # Trims follow from the published files: they change what is asked, not the hash; and
+    # they hold only while the collective's spec is the one they were learned for.
+    [spec] = inputs.jobs[1].spec.collectives
+    for learned, asked in ((spec, (1 << 21, 1 << 22, 2)),
+                           (spec.model_copy(update={"max_bytes": 1 << 21}), None)):
+        trims = {"ns/b": {"grads": Trim(learned, 1 << 21, 2)}}
+        [trimmed], _ = plan_groups(inputs.jobs, placements, fab, trims=trims, **limits)
+        [a, b] = trimmed.tenants
+        assert a.collectives == plan.tenants[0].collectives and trimmed.options == plan.options
+        assert trimmed.inputs_hash == plan.inputs_hash
+        if asked is None:
+            assert b.collectives == plan.tenants[1].collectives
+        else:
+            assert [(c.min_bytes, c.max_bytes, c.max_buckets) for c in b.collectives] == [asked]
     pods = [p for p in inputs.pods if not p.name.startswith("b")]
     plans, blocked = plan_groups(inputs.jobs, place(inputs.jobs, pods, fab), fab, **limits)
     assert blocked == {"ns/b": ("Pending", "NoPods", "no running pod matches the selector")}
