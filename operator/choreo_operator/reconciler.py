@@ -97,7 +97,7 @@ class Reconciler:
             s = self.settings
             plans, blocked = plan_groups(
                 jobs, placements, fabric, max_buckets=s.max_buckets, restarts=s.restarts,
-                timeout_seconds=s.call_timeout_seconds, trims=self.reporter.trims(),
+                timeout_seconds=s.call_timeout_seconds, trims=self.reporter.trims(jobs),
                 subs=self.fabrics.subs)
             self.fabrics.subs.keep_used()
             for job in jobs:

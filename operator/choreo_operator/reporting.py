@@ -30,7 +30,7 @@ from choreo_operator.kube import CALL_ERRORS, ApiException
 from choreo_operator.model import Invalid, resumed
 from choreo_operator.placement import Placement
 from choreo_operator.planning import Blocked, Inputs
-from choreo_operator.results import Trim
+from choreo_operator.results import Trim, resumed_trims
 
 log = logging.getLogger("choreo.operator")
 
@@ -84,12 +84,14 @@ class Reporter:
             keep = ({p.name for p in st.config_map_parts or () if p.name}
                     or ({st.config_map} if st.config_map else set()))
             state = JobState(conditions=[c.dump() for c in st.conditions or ()],
-                             config_map=st.config_map, keep=keep)
+                             config_map=st.config_map, keep=keep,
+                             trims=resumed_trims(job))
             self.jobs[job.key] = state
         return state
 
-    def trims(self) -> dict[str, dict[str, Trim]]:
-        return {k: s.trims for k, s in self.jobs.items() if s.trims}
+    def trims(self, jobs: Iterable[CollectiveJob]) -> dict[str, dict[str, Trim]]:
+        """The jobs' trims, learned or read back from their status."""
+        return {j.key: trims for j in jobs if (trims := self.state(j).trims)}
 
     def forget_deleted(self, live: set[str]) -> None:
         """Drop the jobs that are gone, and their per-tenant series with them."""

@@ -260,13 +260,32 @@ class Trim:
 def trims(job: CollectiveJob, schedule: Schedule) -> dict[str, Trim]:
     """The trims ``schedule`` calls for, by collective name."""
     specs = {c.name: c for c in job.spec.collectives}
+    found = ((specs[c.name], [(r.min_bytes, r.max_bytes, r.reason) for r in c.sizes])
+             for c in schedule.collectives)
+    return {spec.name: trim for spec, ranges in found if (trim := _trim(spec, ranges))}
+
+
+def resumed_trims(job: CollectiveJob) -> dict[str, Trim]:
+    """The trims the job's status shows, for its collectives whose size range is still the
+    one the status covers: a restarted operator or a new leader asks what was asked before."""
+    specs = {c.name: c for c in job.spec.collectives}
     out = {}
-    for c in schedule.collectives:
-        cut = [r for r in c.sizes if r.reason == CONFIGMAP_LIMIT]
-        if cut:
-            floor = max(r.max_bytes for r in cut) + 1
-            out[c.name] = Trim(specs[c.name], floor, sum(r.min_bytes >= floor for r in c.sizes))
+    for c in (job.status.collectives or ()) if job.status else ():
+        spec = specs.get(c.name or "")
+        ranges = [(r.min_bytes or 0, r.max_bytes or 0, r.reason or "") for r in c.sizes or ()]
+        if (spec and ranges and min(lo for lo, _, _ in ranges) == spec.min_bytes
+                and max(hi for _, hi, _ in ranges) == spec.max_bytes
+                and (trim := _trim(spec, ranges))):
+            out[spec.name] = trim
     return out
+
+
+def _trim(spec: CollectiveSpec, ranges: Sequence[tuple[int, int, str]]) -> Trim | None:
+    cut = [hi for _, hi, why in ranges if why == CONFIGMAP_LIMIT]
+    if not cut:
+        return None
+    floor = max(cut) + 1
+    return Trim(spec, floor, sum(lo >= floor for lo, _, _ in ranges))
 
 
 def oversized(bodies: Sequence[dict[str, Any]]) -> str:

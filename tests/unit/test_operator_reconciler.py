@@ -417,6 +417,23 @@ def test_files_too_large_for_a_configmap_leave_the_smallest_sizes_to_nccl() -> N
     assert ready["status"] == "True" and "would not fit a pod's ConfigMap" in ready["message"]
     assert not any("FewerSizeBuckets" in str(s) for s in api.statuses("a"))
 
+    # A restarted operator (or a new leader) reads the trim back from the status.
+    def resumed() -> Inputs:
+        inputs = _inputs([failure("x", "n1", "gpu", gpu=2)])
+        jobs = [j.model_copy(update={"status": CollectiveJobStatus.model_validate(
+            api.status(j.metadata.name))}) for j in inputs.jobs]
+        return replace(inputs, jobs=jobs)
+
+    restarted = Reconciler(resumed, api, synth, Settings())
+
+    async def again_main() -> None:
+        await restarted.round({"failure"}, 0.0)
+        await _landed(restarted)
+
+    asyncio.run(again_main())
+    [third] = synth.calls[2].tenants[0].collectives
+    assert (third.min_bytes, third.max_buckets) == (planned[2].lo, 2)
+
 
 @pytest.mark.parametrize("lost", [
     ApiException(status=503, reason="etcdserver: leader changed"),
