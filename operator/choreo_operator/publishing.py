@@ -74,17 +74,13 @@ class Publisher:
         listing = asyncio.create_task(self._existing(job))
         try:
             # Splitting megabytes of XML per pod takes a while: keep the event loop answering.
-            name, parts, bodies = await asyncio.to_thread(
+            schedule, (name, parts, bodies) = await asyncio.to_thread(
                 results.config_maps, job, schedule, pod_ranks, pl.pod_index, plan.inputs_hash,
                 plan.fingerprint, self.split_bytes)
             too_big = results.oversized(bodies)
             if too_big:
-                fitted = await asyncio.to_thread(self._fit, job, schedule, bodies, pod_ranks,
-                                                 plan)
-                if fitted is None:
-                    await self._too_large(job, plan, too_big, reason)
-                    return False
-                schedule, (name, parts, bodies) = fitted
+                await self._too_large(job, plan, too_big, reason)
+                return False
             await self._create(job, schedule, bodies, parts, await listing)
         finally:
             listing.cancel()
@@ -135,29 +131,10 @@ class Publisher:
         state.inputs_hash = plan.inputs_hash
         state.config_map = name
         state.keep = new_maps
+        # Sizes left to NCCL for want of room are not asked for again (nor made) from now on.
+        state.trims = results.trims(job, schedule)
         _gauge(job, state, schedule)
         return True
-
-    def _fit(self, job: CollectiveJob, schedule: results.Schedule, bodies: list[dict[str, Any]],
-             pod_ranks: dict[str, tuple[int, int]], plan: GroupPlan,
-             ) -> tuple[results.Schedule, results.ConfigMaps] | None:
-        """The schedule without its smallest size ranges' files, so that a pod's ConfigMap
-        fits (NCCL runs those sizes), and its ConfigMaps; None if nothing fits.
-
-        Leaving files out costs nothing, where synthesizing again with fewer size buckets
-        would cost a second synthesis of the largest tenants (the slowest ones) and serve
-        small sizes with a schedule made for a large one. The job's later requests ask only
-        for the ranges kept, so the synthesizer no longer makes the files left out."""
-        drop = results.left_out(schedule, bodies)
-        if not drop:
-            return None
-        fitted = results.without(schedule, drop)
-        made = results.config_maps(job, fitted, pod_ranks, plan.placements[job.key].pod_index,
-                                   plan.inputs_hash, plan.fingerprint, self.split_bytes)
-        if results.oversized(made[2]):
-            return None
-        self.reporter.state(job).trims = results.trims(job, fitted)
-        return fitted, made
 
     async def _too_large(self, job: CollectiveJob, plan: GroupPlan, too_big: str,
                          reason: str) -> None:

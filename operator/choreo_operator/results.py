@@ -180,22 +180,19 @@ ConfigMaps = tuple[str, list[Part], list[dict[str, Any]]]  # base name, parts, b
 
 def config_maps(job: CollectiveJob, schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]],
                 pod_index: Mapping[str, int], inputs_hash: str, fingerprint: str,
-                split_bytes: int = SPLIT_BYTES) -> ConfigMaps:
-    """The ConfigMap bodies for a schedule: (base name, parts, bodies)."""
-    digest = schedule.content_hash()
-    name = base_name(job.name, digest)
+                split_bytes: int = SPLIT_BYTES) -> tuple[Schedule, ConfigMaps]:
+    """The ConfigMap bodies for a schedule, and the schedule they hold: split per pod, it
+    may leave its smallest size ranges to NCCL (``fit_per_pod``). A body can still be over
+    the limit (``oversized`` says so): a collective's largest range is never left out."""
     data = schedule.data()
     size = sum(len(k) + len(v) for k, v in data.items())
     if size <= split_bytes or not pod_ranks:
-        return name, [], [_body(job, name, data, digest, inputs_hash, fingerprint)]
-    part_of_rank = [""] * len(schedule.ranks)
-    for first, last in pod_ranks.values():
-        part_of_rank[first:last + 1] = [f"r{first}"] * (last + 1 - first)
-    # One pass per file, not one per pod: large tenants have megabytes per file. The files
-    # are the synthesizer's own lowering, shipped unparsed when they fit one ConfigMap: the
-    # cut checks only what it relies on (expat would take two thirds of the time).
-    split = {k: split_per_node(v, part_of_rank, check_xml=False)
-             for k, v in schedule.files.items()}
+        digest = schedule.content_hash()
+        name = base_name(job.name, digest)
+        return schedule, (name, [], [_body(job, name, data, digest, inputs_hash, fingerprint)])
+    schedule, split = fit_per_pod(schedule, pod_ranks, len(RANKS_KEY) + len(data[RANKS_KEY]))
+    digest = schedule.content_hash()
+    name = base_name(job.name, digest)
     parts, bodies = [], []
     for pod, (first, last) in sorted(pod_ranks.items(), key=lambda x: x[1]):
         part = f"{name}-r{first}"
@@ -203,7 +200,40 @@ def config_maps(job: CollectiveJob, schedule: Schedule, pod_ranks: Mapping[str, 
         files[RANKS_KEY] = data[RANKS_KEY]
         parts.append(Part(part, first, last, pod_index.get(pod, first)))
         bodies.append(_body(job, part, files, digest, inputs_hash, fingerprint))
-    return name, parts, bodies
+    return schedule, (name, parts, bodies)
+
+
+def fit_per_pod(schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]], fixed: int,
+                ) -> tuple[Schedule, dict[str, dict[str, str]]]:
+    """Every file cut per pod (piece per pod, by ``r<first rank>``), largest size ranges
+    first; once a range's pieces would take a pod's ConfigMap over the limit, that range and
+    every smaller one are left to NCCL (``without``), their pieces never kept. A collective's
+    largest range always stays. ``fixed``: the bytes every pod's ConfigMap holds besides.
+
+    The smallest sizes go first: they are latency-bound, where a schedule gains least. Cut
+    file by file, a tenant whose four size buckets need three times a ConfigMap holds one
+    bucket's pieces at a time, not all four."""
+    part_of_rank = [""] * len(schedule.ranks)
+    for first, last in pod_ranks.values():
+        part_of_rank[first:last + 1] = [f"r{first}"] * (last + 1 - first)
+    room = {f"r{first}": CONFIGMAP_MAX_BYTES - fixed for first, _ in pod_ranks.values()}
+    shipped = [[r for r in c.sizes if r.files] for c in schedule.collectives]
+    optional = sorted((r for rs in shipped for r in rs[:-1]), key=lambda r: -r.max_bytes)
+    left = {k for r in optional for k in r.files}
+    groups = [[k] for k in schedule.files if k not in left] + [list(r.files) for r in optional]
+    split: dict[str, dict[str, str]] = {}
+    for i, keys in enumerate(groups):
+        # The synthesizer's own lowering: the cut checks only what it relies on (expat
+        # would take two thirds of the time).
+        pieces = {k: split_per_node(schedule.files[k], part_of_rank, check_xml=False)
+                  for k in keys}
+        need = {pod: sum(len(k) + len(p[pod].encode()) for k, p in pieces.items())
+                for pod in room}
+        if i >= len(groups) - len(optional) and any(need[p] > room[p] for p in room):
+            return without(schedule, {k for g in groups[i:] for k in g}), split
+        room = {p: room[p] - need[p] for p in room}
+        split.update(pieces)
+    return schedule, split
 
 
 CONFIGMAP_MAX_BYTES = 1 << 20  # the API server's limit on a ConfigMap's data
@@ -212,29 +242,6 @@ CONFIGMAP_MAX_BYTES = 1 << 20  # the API server's limit on a ConfigMap's data
 def data_bytes(body: dict[str, Any]) -> int:
     """What the API server counts against a ConfigMap's limit."""
     return sum(len(k) + len(v.encode()) for k, v in body["data"].items())
-
-
-def left_out(schedule: Schedule, bodies: Sequence[dict[str, Any]]) -> set[str] | None:
-    """The XML keys to leave to NCCL so that every ConfigMap in ``bodies`` fits: the smallest
-    size ranges first (latency-bound, where a schedule gains least), never a collective's
-    largest. None when even that is not enough.
-
-    Every file is cut per pod, so a pod's ConfigMap shrinks by that file's piece of it."""
-    shipped = [[r for r in c.sizes if r.files] for c in schedule.collectives]
-    ranges = sorted((r for rs in shipped for r in rs[:-1]), key=lambda r: r.max_bytes)
-    sizes = [(data_bytes(b), b["data"]) for b in bodies]
-    dropped: set[str] = set()
-    for r in ranges:
-        if all(size <= CONFIGMAP_MAX_BYTES for size, _ in sizes):
-            break
-        dropped.update(r.files)
-        sizes = [(size - sum(_key_bytes(k, data) for k in r.files), data)
-                 for size, data in sizes]
-    return dropped if all(size <= CONFIGMAP_MAX_BYTES for size, _ in sizes) else None
-
-
-def _key_bytes(key: str, data: Mapping[str, str]) -> int:
-    return len(key) + len(data[key].encode()) if key in data else 0
 
 
 def without(schedule: Schedule, keys: set[str]) -> Schedule:

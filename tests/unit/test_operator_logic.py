@@ -64,18 +64,50 @@ def test_config_maps_are_content_addressed_and_split_per_pod() -> None:
            '<gpu id="3"/></algo>')
     sched = results.Schedule({"grads-0.xml": xml}, [{"rank": r} for r in range(4)])
     job = _job("a")
-    name, parts, bodies = results.config_maps(job, sched, {"p0": (0, 1), "p1": (2, 3)},
-                                              {"p0": 0, "p1": 1}, "in", "fp")
+    _, (name, parts, bodies) = results.config_maps(job, sched, {"p0": (0, 1), "p1": (2, 3)},
+                                                   {"p0": 0, "p1": 1}, "in", "fp")
     assert name.startswith("a-") and not parts and bodies[0]["immutable"] is True
     again = results.config_maps(job, results.Schedule(dict(sched.files), list(sched.ranks)),
-                                {}, {}, "other", "fp")[0]
+                                {}, {}, "other", "fp")[1][0]
     assert again == name  # same content, same object, whatever the inputs were
-    _, parts, bodies = results.config_maps(job, sched, {"p0": (0, 1), "p1": (2, 3)},
-                                           {"p0": 0, "p1": 1}, "in", "fp", split_bytes=10)
+    _, (_, parts, bodies) = results.config_maps(job, sched, {"p0": (0, 1), "p1": (2, 3)},
+                                                {"p0": 0, "p1": 1}, "in", "fp", split_bytes=10)
     assert [(p.first, p.last, p.pod_rank) for p in parts] == [(0, 1, 0), (2, 3, 1)]
     assert bodies[1]["data"]["grads-0.xml"].count("<gpu") == 2
     assert 'id="3"' in bodies[1]["data"]["grads-0.xml"]
     assert json.loads(bodies[0]["data"]["ranks.json"])[3] == {"rank": 3}
+
+
+def test_a_pod_too_small_for_every_file_leaves_the_smallest_ranges_to_nccl() -> None:
+    """Two collectives, 0.3 MiB per pod per file: the largest range of each always stays,
+    then the others from the largest down while they fit (one more here)."""
+    def padded(per_gpu: int) -> str:
+        gpus = "".join(f'<gpu id="{r}">{" " * per_gpu}</gpu>' for r in range(4))
+        return f'<algo ngpus="4">{gpus}</algo>'
+
+    files, colls = {}, []
+    for name in ("ag", "ar"):
+        sizes = []
+        edges = ((1, 9), (10, 99), (100, 999)) if name == "ag" else ((1, 10), (11, 100),
+                                                                      (101, 1000))
+        for b, (lo, hi) in enumerate(edges):
+            key = results.xml_key(name, b)
+            files[key] = padded(150 << 10)  # two GPUs a pod: 0.3 MiB a pod
+            sizes.append(results.SizeRange(lo, hi, False, None, (key,)))
+        colls.append(results.CollectiveResult(name, 999, 1.0, 1.0, 1.0, 1.0, sizes=tuple(sizes)))
+    sched = results.Schedule(files, [{"rank": r} for r in range(4)], colls)
+    job = _job("a", collectives=[{"name": "ag", "collective": "allgather", "minBytes": 1,
+                                  "maxBytes": 999},
+                                 {"name": "ar", "collective": "allreduce", "minBytes": 1,
+                                  "maxBytes": 1000}])
+    fitted, (_, parts, bodies) = results.config_maps(
+        job, sched, {"p0": (0, 1), "p1": (2, 3)}, {}, "in", "fp")
+    assert sorted(fitted.files) == ["ag-2.xml", "ar-1.xml", "ar-2.xml"]
+    assert len(parts) == 2 and not results.oversized(bodies)
+    assert [(r.min_bytes, r.nccl_runs, r.reason) for r in fitted.collectives[0].sizes] == [
+        (1, True, "ConfigMapLimit"), (10, True, "ConfigMapLimit"), (100, False, "")]
+    assert {n: (t.floor, t.buckets) for n, t in results.trims(job, fitted).items()} == {
+        "ag": (100, 1), "ar": (11, 2)}
 
 
 def test_webhook_mutation() -> None:
