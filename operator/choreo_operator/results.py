@@ -36,7 +36,7 @@ CONFIGMAP_LIMIT = "ConfigMapLimit"  # the file would not fit a pod's ConfigMap b
 
 @dataclass(frozen=True)
 class SizeRange:
-    """Sizes ``min_bytes..max_bytes`` and who runs them: choreo's file (``file``), or NCCL
+    """Sizes ``min_bytes..max_bytes`` and who runs them: choreo's ``files``, or NCCL
     (no file: the MSCCL runtime falls back to NCCL) for the ``reason`` given."""
 
     min_bytes: int
