@@ -22,7 +22,6 @@ from typing import Any
 from kubernetes_asyncio.client import ApiException
 
 from choreo.collectives import format_size
-from choreo.service.client import bucket_xml
 from choreo_api import CollectiveJob
 from choreo_api.kube import describe
 from choreo_operator import metrics, results, status
@@ -274,7 +273,7 @@ def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any) -> results
     """The tenant's part of a synthesizer response as files, ranks and predictions. Sizes
     below the response's first bucket were asked for no more (their files did not fit a
     pod's ConfigMap): NCCL runs them."""
-    schedule = results.Schedule(files={}, dialect=job.spec.dialect, ranks=[
+    schedule = results.Schedule(files=results.Files(), dialect=job.spec.dialect, ranks=[
         {"rank": r, "pod": s.pod, "node": s.node, "gpu": s.gpu} for r, s in enumerate(slots)])
     ship_anyway = job.spec.when_nccl_faster == SHIP_ANYWAY
     for spec, coll in zip(job.spec.collectives, result.collectives, strict=True):
@@ -295,7 +294,7 @@ def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any) -> results
             if not to_nccl:  # one range may have two files (legacy: in place, out of place)
                 sizes[(bucket.min_bytes, bucket.max_bytes)] = replace(
                     served, files=(*served.files, key))
-                schedule.files[key] = bucket_xml(bucket)
+                schedule.files.add(key, bucket.xml_gzip or bucket.xml)
             if not bucket.verification.ok:
                 schedule.verified = False
                 schedule.errors.extend(bucket.verification.errors)

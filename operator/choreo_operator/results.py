@@ -11,9 +11,11 @@ ConfigMap per pod instead (``<job>-<hash>-r<first rank>``) whose files keep only
 
 from __future__ import annotations
 
+import copy
+import gzip
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -110,11 +112,64 @@ def nccl_runs(bucket: Any, ship_anyway: bool) -> bool:
                                       and p.speedup_vs_nccl < 1)
 
 
+class Files(Mapping[str, str]):
+    """A schedule's XML files, each kept as the synthesizer sent it (gzipped for any size
+    that matters) and inflated whenever it is read; the digest of its text is kept from the
+    first read. A schedule cut per pod is cut file by file, so the operator holds one file's
+    text at a time beside the pieces, and never the text of a file left out for want of
+    room: a 192-GPU tenant's first schedule is 67 MiB of XML (2.79 MiB a pod), of which at
+    most 24 MiB fit its pods' ConfigMaps."""
+
+    def __init__(self, files: Mapping[str, str | bytes] | None = None) -> None:
+        self._files = dict(files or {})
+        self._digests: dict[str, str] = {}
+
+    def __getitem__(self, key: str) -> str:
+        body = self._files[key]
+        text = gzip.decompress(body).decode() if isinstance(body, bytes) else body
+        if key not in self._digests:
+            self._digests[key] = _digest(text)
+        return text
+
+    def size(self, key: str) -> int:
+        """Bytes of the file's text, without inflating it (gzip's trailer says)."""
+        body = self._files[key]
+        if isinstance(body, bytes):
+            return int.from_bytes(body[-4:], "little")  # ISIZE: exact below 4 GiB
+        return len(body.encode())
+
+    def digest(self, key: str) -> str:
+        """SHA-256 of the file's text (read once if it has not been)."""
+        if key not in self._digests:
+            self[key]
+        return self._digests[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def add(self, key: str, body: str | bytes) -> None:
+        """A file as sent: plain text, or gzip."""
+        self._files[key] = body
+
+    def without(self, keys: Collection[str]) -> Files:
+        kept = copy.copy(self)
+        kept._files = {k: v for k, v in self._files.items() if k not in keys}
+        kept._digests = {k: v for k, v in self._digests.items() if k not in keys}
+        return kept
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 @dataclass
 class Schedule:
     """One tenant's result: its files and predictions."""
 
-    files: dict[str, str]
+    files: Files
     ranks: list[dict[str, Any]]
     collectives: list[CollectiveResult] = field(default_factory=list)
     verified: bool = True
@@ -123,19 +178,26 @@ class Schedule:
     _digest: str = field(default="", init=False, repr=False, compare=False)
 
     def data(self) -> dict[str, str]:
-        """The ConfigMap's keys. With no XML at all (NCCL is faster at every size) it also
-        holds the switch that turns MSCCL off, for pods admitted before the schedule existed
-        (they read it through ``env[].valueFrom``)."""
+        """The ConfigMap's keys, every file inflated. With no XML at all (NCCL is faster at
+        every size) it also holds the switch that turns MSCCL off, for pods admitted before
+        the schedule existed (they read it through ``env[].valueFrom``)."""
+        return {**self.files, **self.besides()}
+
+    def besides(self) -> dict[str, str]:
+        """The keys of ``data()`` that are not XML files."""
         off = {} if self.files else dict.fromkeys(MSCCL_OFF[self.dialect], "0")
-        return {**self.files, **off, RANKS_KEY: json.dumps(self.ranks, separators=(",", ":"))}
+        return {**off, RANKS_KEY: json.dumps(self.ranks, separators=(",", ":"))}
 
     def content_hash(self) -> str:
-        """Hash of ``data()``, taken once: a 1024-GPU schedule holds 68 MB of XML, and its
-        files are complete before anything asks."""
+        """Hash of ``data()``: of each key and its text's digest, so files already read (to
+        be cut per pod) are not read again; taken once, as a 1024-GPU schedule holds 68 MB
+        of XML and its files are complete before anything asks."""
         if not self._digest:
             h = hashlib.sha256()
-            for key, value in sorted(self.data().items()):
-                h.update(key.encode() + b"\0" + value.encode() + b"\0")
+            besides = self.besides()
+            for key in sorted({*self.files, *besides}):
+                digest = _digest(besides[key]) if key in besides else self.files.digest(key)
+                h.update(f"{key}\0{digest}\0".encode())
             self._digest = h.hexdigest()
         return self._digest
 
@@ -184,20 +246,23 @@ def config_maps(job: CollectiveJob, schedule: Schedule, pod_ranks: Mapping[str, 
     """The ConfigMap bodies for a schedule, and the schedule they hold: split per pod, it
     may leave its smallest size ranges to NCCL (``fit_per_pod``). A body can still be over
     the limit (``oversized`` says so): a collective's largest range is never left out."""
-    data = schedule.data()
-    size = sum(len(k) + len(v) for k, v in data.items())
+    besides = schedule.besides()
+    size = (sum(len(k) + schedule.files.size(k) for k in schedule.files)
+            + sum(len(k) + len(v) for k, v in besides.items()))
     if size <= split_bytes or not pod_ranks:
+        data = schedule.data()
         digest = schedule.content_hash()
         name = base_name(job.name, digest)
         return schedule, (name, [], [_body(job, name, data, digest, inputs_hash, fingerprint)])
-    schedule, split = fit_per_pod(schedule, pod_ranks, len(RANKS_KEY) + len(data[RANKS_KEY]))
+    ranks = besides[RANKS_KEY]
+    schedule, split = fit_per_pod(schedule, pod_ranks, len(RANKS_KEY) + len(ranks))
     digest = schedule.content_hash()
     name = base_name(job.name, digest)
     parts, bodies = [], []
     for pod, (first, last) in sorted(pod_ranks.items(), key=lambda x: x[1]):
         part = f"{name}-r{first}"
         files = {k: split[k][f"r{first}"] for k in schedule.files}
-        files[RANKS_KEY] = data[RANKS_KEY]
+        files[RANKS_KEY] = ranks
         parts.append(Part(part, first, last, pod_index.get(pod, first)))
         bodies.append(_body(job, part, files, digest, inputs_hash, fingerprint))
     return schedule, (name, parts, bodies)
@@ -249,7 +314,7 @@ def without(schedule: Schedule, keys: set[str]) -> Schedule:
     colls = [replace(c, sizes=tuple(
         replace(r, nccl_runs=True, files=(), reason=CONFIGMAP_LIMIT)
         if set(r.files) & keys else r for r in c.sizes)) for c in schedule.collectives]
-    return replace(schedule, files={k: v for k, v in schedule.files.items() if k not in keys},
+    return replace(schedule, files=schedule.files.without(keys),
                    collectives=colls)
 
 

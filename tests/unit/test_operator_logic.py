@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 
 import pytest
@@ -62,12 +63,14 @@ def test_tenants_sharing_a_nic_group_and_partitioned_stay_alone() -> None:
 def test_config_maps_are_content_addressed_and_split_per_pod() -> None:
     xml = ('<algo name="x" ngpus="4"><gpu id="0"/><gpu id="1"/><gpu id="2"/>'
            '<gpu id="3"/></algo>')
-    sched = results.Schedule({"grads-0.xml": xml}, [{"rank": r} for r in range(4)])
+    sched = results.Schedule(results.Files({"grads-0.xml": xml}), [{"rank": r} for r in range(4)])
     job = _job("a")
     _, (name, parts, bodies) = results.config_maps(job, sched, {"p0": (0, 1), "p1": (2, 3)},
                                                    {"p0": 0, "p1": 1}, "in", "fp")
     assert name.startswith("a-") and not parts and bodies[0]["immutable"] is True
-    again = results.config_maps(job, results.Schedule(dict(sched.files), list(sched.ranks)),
+    # The same file as the synthesizer gzips it: named by its XML, not by its encoding.
+    zipped = results.Files({"grads-0.xml": gzip.compress(xml.encode())})
+    again = results.config_maps(job, results.Schedule(zipped, list(sched.ranks)),
                                 {}, {}, "other", "fp")[1][0]
     assert again == name  # same content, same object, whatever the inputs were
     _, (_, parts, bodies) = results.config_maps(job, sched, {"p0": (0, 1), "p1": (2, 3)},
@@ -78,14 +81,29 @@ def test_config_maps_are_content_addressed_and_split_per_pod() -> None:
     assert json.loads(bodies[0]["data"]["ranks.json"])[3] == {"rank": 3}
 
 
+class _CountedFiles(results.Files):
+    """Files that count how often each is inflated."""
+
+    def __init__(self, files: dict[str, str | bytes]) -> None:
+        super().__init__(files)
+        self.reads: dict[str, int] = {}
+
+    def __getitem__(self, key: str) -> str:
+        self.reads[key] = self.reads.get(key, 0) + 1
+        return super().__getitem__(key)
+
+
 def test_a_pod_too_small_for_every_file_leaves_the_smallest_ranges_to_nccl() -> None:
     """Two collectives, 0.3 MiB per pod per file: the largest range of each always stays,
-    then the others from the largest down while they fit (one more here)."""
-    def padded(per_gpu: int) -> str:
+    then the others from the largest down while they fit (one more here). Files arrive
+    gzipped: each is inflated once at most (its digest names the ConfigMaps), and those
+    below the first range that did not fit are never inflated."""
+    def padded(per_gpu: int) -> bytes:
         gpus = "".join(f'<gpu id="{r}">{" " * per_gpu}</gpu>' for r in range(4))
-        return f'<algo ngpus="4">{gpus}</algo>'
+        return gzip.compress(f'<algo ngpus="4">{gpus}</algo>'.encode())
 
-    files, colls = {}, []
+    files: dict[str, str | bytes] = {}
+    colls = []
     for name in ("ag", "ar"):
         sizes = []
         edges = ((1, 9), (10, 99), (100, 999)) if name == "ag" else ((1, 10), (11, 100),
@@ -95,7 +113,8 @@ def test_a_pod_too_small_for_every_file_leaves_the_smallest_ranges_to_nccl() -> 
             files[key] = padded(150 << 10)  # two GPUs a pod: 0.3 MiB a pod
             sizes.append(results.SizeRange(lo, hi, False, None, (key,)))
         colls.append(results.CollectiveResult(name, 999, 1.0, 1.0, 1.0, 1.0, sizes=tuple(sizes)))
-    sched = results.Schedule(files, [{"rank": r} for r in range(4)], colls)
+    counted = _CountedFiles(files)
+    sched = results.Schedule(counted, [{"rank": r} for r in range(4)], colls)
     job = _job("a", collectives=[{"name": "ag", "collective": "allgather", "minBytes": 1,
                                   "maxBytes": 999},
                                  {"name": "ar", "collective": "allreduce", "minBytes": 1,
@@ -108,6 +127,9 @@ def test_a_pod_too_small_for_every_file_leaves_the_smallest_ranges_to_nccl() -> 
         (1, True, "ConfigMapLimit"), (10, True, "ConfigMapLimit"), (100, False, "")]
     assert {n: (t.floor, t.buckets) for n, t in results.trims(job, fitted).items()} == {
         "ag": (100, 1), "ar": (11, 2)}
+    # kept: ag-2, ar-2, ar-1; ag-1 was cut and did not fit; ar-0 and ag-0 went unread
+    assert counted.reads == {"ag-2.xml": 1, "ar-2.xml": 1, "ar-1.xml": 1, "ag-1.xml": 1}
+    assert parts[0].name == f"{_job('a').name}-{fitted.content_hash()[:10]}-r0"
 
 
 def test_webhook_mutation() -> None:
@@ -172,11 +194,11 @@ def test_a_schedule_nccl_beats_at_every_size_switches_msccl_off(dialect):
     assert _env(change) == dict.fromkeys(results.MSCCL_OFF[dialect], "0")
     assert change["volumes"][-1]["configMap"]["items"] == [
         {"key": "ranks.json", "path": "ranks.json"}]
-    data = results.Schedule(files={}, ranks=[], dialect=dialect).data()
+    data = results.Schedule(files=results.Files(), ranks=[], dialect=dialect).data()
     assert {k: v for k, v in data.items() if k != "ranks.json"} == dict.fromkeys(
         results.MSCCL_OFF[dialect], "0")
     assert "NCCL_MSCCL_ENABLE" not in results.Schedule(
-        files={"grads-0.xml": "<algo/>"}, ranks=[]).data()
+        files=results.Files({"grads-0.xml": "<algo/>"}), ranks=[]).data()
     early = _env(webhook.mutation(pod, [_scheduled_job({}, dialect)]))
     for key in results.MSCCL_OFF[dialect]:
         assert early[key] == {"configMapKeyRef": {"name": "a-schedule", "key": key,
