@@ -39,10 +39,6 @@ class Config(BaseSettings):
                               "groups wait in the operator, not refused by a busy synthesizer "
                               "(about twice the workers of all synthesizer replicas)")
     max_buckets: int = Field(4, ge=1, description="size buckets per collective")
-    list_chunk: int = Field(500, ge=0, description="objects per page when listing nodes, pods "
-                            "and choreo's resources at start and after a watch expires (0: "
-                            "one list); a 5000-node cluster's nodes and pods are 170 MiB "
-                            "parsed at once")
     split_bytes: int = Field(900 * 1024, gt=0, description="split a schedule into per-pod "
                              "ConfigMaps above this size")
     liveness: str | None = Field(None, description="kopf liveness endpoint, e.g. "

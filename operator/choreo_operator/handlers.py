@@ -146,8 +146,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
-    # Listed in pages, the operator holds one page of objects at a time, not the cluster's.
-    settings.watching.chunk_size = cfg.list_chunk or None
     if cfg.metrics_port >= 0:
         port = metrics.serve(cfg.metrics_port, cfg.metrics_addr)
         log.info("metrics on http://%s:%d/metrics", cfg.metrics_addr, port)

@@ -44,9 +44,7 @@ class Stack:
         self.operator, self.ports = T.start_operator(
             self.logs / "operator.log", self.cluster.info.kubeconfig,
             f"127.0.0.1:{self.synth_port}", self.logs / "certs",
-            # One object per page: every list the operator makes here is paged.
-            extra=["--webhook-config", WEBHOOK, "--debounce", "0.5", "--list-chunk", "1"],
-            ports=self.ports)
+            extra=["--webhook-config", WEBHOOK, "--debounce", "0.5"], ports=self.ports)
 
     def start_synthesizer(self) -> None:
         self.synth, _ = T.start_synthesizer(self.logs / "synth.log", port=self.synth_port)
@@ -409,31 +407,6 @@ def test_operator_killed_mid_resynthesis_converges(tenants: Stack) -> None:
     st.cluster.client.delete(f"{GROUP}/devicefailures/e2e-kill")
     st.wait_status("ta", "Ready again", lambda s: s.get("configMap") == before
                    and s.get("phase") == "Ready", timeout=60)
-
-
-def _node_lists(st: Stack) -> float:
-    """LIST calls on all nodes the API server has answered so far."""
-    text = st.cluster.client.request("GET", "/metrics", timeout=10.0)
-    return T.metric(text, "apiserver_request_total", code="200", component="apiserver",
-                    resource="nodes", scope="cluster", verb="LIST", version="v1") or 0.0
-
-
-def test_the_operator_lists_the_cluster_in_pages(tenants: Stack) -> None:
-    """Started with one object per page, the operator's start lists the nodes in as many
-    calls as there are nodes (unpaged it takes one), and loses none of them: the tenants it
-    placed on both nodes are Ready again after the restart."""
-    st = tenants
-    nodes = len(st.cluster.client.get("/api/v1/nodes")["items"])
-    assert nodes >= 2
-    before = _node_lists(st)
-    st.operator.stop()
-    st.start_operator()
-    st.cluster.wait_for(lambda: _node_lists(st) >= before + nodes,
-                        f"{nodes} paged LIST calls on nodes", timeout=30)
-    for tenant in ("ta", "tb"):
-        status = st.wait_status(tenant, "Ready after the paged start",
-                                lambda s: s if s.get("phase") == "Ready" else None, timeout=60)
-        assert status["ranks"] == 8 and status["nodes"] == sorted(st.nodes)
 
 
 def test_a_failed_link_to_the_nvswitch_takes_that_link_down(tenants: Stack) -> None:
