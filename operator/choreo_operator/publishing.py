@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiException
 
 from choreo.collectives import format_size
+from choreo.service.client import bucket_body
 from choreo_api import CollectiveJob
 from choreo_api.kube import describe
 from choreo_operator import metrics, results, status
@@ -156,6 +157,7 @@ class Publisher:
         # Names are content hashes: one that exists holds this schedule already. A schedule
         # that comes back (a failed GPU recovers while pods still mount its ConfigMaps) is
         # then not sent again, megabytes per pod, only for the API server to answer 409.
+        whole = bodies[0]["data"]  # used only where the schedule is one ConfigMap
         bodies = [b for b in bodies if b["metadata"]["name"] not in there]
         # One ConfigMap per pod for large tenants: written side by side, a few at a time.
         writes = asyncio.Semaphore(CONFIGMAP_WRITES)
@@ -171,7 +173,8 @@ class Publisher:
         await asyncio.gather(*(create(body) for body in bodies))
         if parts:
             return
-        alias = results.alias_body(job, schedule, schedule.content_hash())
+        # The whole schedule's one body holds its data already: no file is inflated again.
+        alias = results.alias_body(job, whole, schedule.content_hash())
         if alias["metadata"]["name"] not in there:
             try:
                 await self.api.create(path, alias)
@@ -294,7 +297,7 @@ def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any) -> results
             if not to_nccl:  # one range may have two files (legacy: in place, out of place)
                 sizes[(bucket.min_bytes, bucket.max_bytes)] = replace(
                     served, files=(*served.files, key))
-                schedule.files.add(key, bucket.xml_gzip or bucket.xml)
+                schedule.files.add(key, bucket_body(bucket))
             if not bucket.verification.ok:
                 schedule.verified = False
                 schedule.errors.extend(bucket.verification.errors)

@@ -210,8 +210,9 @@ def alias_name(job: str) -> str:
     return f"{job[:240]}-schedule"
 
 
-def alias_body(job: CollectiveJob, schedule: Schedule, content_hash: str) -> dict[str, Any]:
-    body = _body(job, alias_name(job.name), schedule.data(), content_hash, "", "")
+def alias_body(job: CollectiveJob, data: dict[str, str], content_hash: str) -> dict[str, Any]:
+    """The alias holding ``data``, a whole schedule's ConfigMap data (``Schedule.data()``)."""
+    body = _body(job, alias_name(job.name), data, content_hash, "", "")
     body.pop("immutable")
     return body
 

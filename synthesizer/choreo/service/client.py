@@ -181,11 +181,15 @@ class Client:
         return self._stream(request, timeout=timeout)
 
 
+def bucket_body(bucket: pb.Bucket) -> str | bytes:
+    """A bucket's MSCCL XML as it was sent: gzip (bytes) or plain text."""
+    return bucket.xml_gzip or bucket.xml
+
+
 def bucket_xml(bucket: pb.Bucket) -> str:
     """A bucket's MSCCL XML whichever encoding it was sent in."""
-    if bucket.xml_gzip:
-        return gzip.decompress(bucket.xml_gzip).decode()
-    return bucket.xml
+    body = bucket_body(bucket)
+    return gzip.decompress(body).decode() if isinstance(body, bytes) else body
 
 
 def _serialize(msg: pb.SynthesizeRequest | bytes) -> bytes:
