@@ -40,6 +40,7 @@ from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
 from choreo.topology import Link, Topology
 from choreo.transforms import restrict
+from choreo.treepack import tree_packing
 
 # Each chunk should be large against alpha * bandwidth, or per-transfer latency dominates.
 CHUNK_ALPHA_FACTOR = 50.0
@@ -76,6 +77,7 @@ class SynthOptions:
     degrees: tuple[int, ...] | None = None
     large_tenant: int = LARGE_TENANT  # ranks above which AllReduce is planned hierarchically
     rail_gather: bool = True  # also try the rail-aligned plan (choreo.railgather)
+    tree_packing: bool = True  # also try packed broadcast trees (choreo.treepack)
 
 
 def auto_chunks(topology: Topology, collective: Collective, size: int, n: int) -> int:
@@ -198,7 +200,10 @@ def synthesize(
     with ThreadPoolExecutor(max_workers=parallel_views(views, demands)) as pool:
         results = list(pool.map(lambda view: _synthesize_on(fabric, view, demands, opts), views))
     best = min(results, key=lambda s: s.makespan)
-    return _against_rail_plan(fabric, demands, best) if railed else best
+    if railed:
+        return _against_rail_plan(fabric, demands, best)
+    trees = tree_packing(fabric, demands) if opts.tree_packing else None
+    return trees if trees is not None and trees.makespan < best.makespan else best
 
 
 def _against_rail_plan(fabric: Topology, demands: tuple[Demand, ...], greedy: Schedule

@@ -1,6 +1,7 @@
 //! choreo's compiled engine: the greedy synthesis hot loop, the MSCCL lowering's passes and
 //! the congestion simulator's sequential pass and the verifier's run-based data replay, exposed to Python through PyO3.
 
+pub mod arborescence;
 pub mod bitset;
 pub mod greedy;
 pub mod lowering;

@@ -5,6 +5,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::arborescence;
 use crate::greedy::{synthesize_best, Options, Problem};
 use crate::lowering::{self, LowerError};
 use crate::paths::{self, Graph};
@@ -343,6 +344,40 @@ fn rangeflow_replay<'py>(
         f.postcondition_chunks))
 }
 
+/// For each root, the edges of a minimum-cost arborescence spanning all `num_nodes` nodes:
+/// a `(len(roots), num_nodes - 1)` array of edge indices, a row of -1 where some node cannot
+/// be reached from that root.
+#[pyfunction]
+fn min_arborescences<'py>(
+    py: Python<'py>,
+    num_nodes: usize,
+    src: PyReadonlyArray1<'py, u32>,
+    dst: PyReadonlyArray1<'py, u32>,
+    cost: PyReadonlyArray1<'py, f64>,
+    roots: PyReadonlyArray1<'py, u32>,
+) -> PyResult<Bound<'py, numpy::PyArray2<i64>>> {
+    let (src, dst, cost, roots) = (vec(&src), vec(&dst), vec(&cost), vec(&roots));
+    if dst.len() != src.len() || cost.len() != src.len() {
+        return Err(PyValueError::new_err("min_arborescences: edge columns differ in length"));
+    }
+    if src.iter().chain(&dst).chain(&roots).any(|&v| v as usize >= num_nodes) {
+        return Err(PyValueError::new_err("min_arborescences: a node id is out of range"));
+    }
+    let width = num_nodes.saturating_sub(1);
+    let trees = py.detach(|| arborescence::min_arborescences(num_nodes, &src, &dst, &cost, &roots));
+    let mut flat = Vec::with_capacity(trees.len() * width);
+    for tree in trees {
+        match tree {
+            Some(t) => flat.extend(t.into_iter().map(|i| i as i64)),
+            None => flat.extend(std::iter::repeat_n(-1i64, width)),
+        }
+    }
+    let rows = roots.len();
+    numpy::ndarray::Array2::from_shape_vec((rows, width), flat)
+        .map(|a| a.into_pyarray(py))
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 #[pymodule]
 fn choreo_engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(greedy, m)?)?;
@@ -350,6 +385,7 @@ fn choreo_engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(replay, m)?)?;
     m.add_function(wrap_pyfunction!(shortest_paths, m)?)?;
     m.add_function(wrap_pyfunction!(rangeflow_replay, m)?)?;
+    m.add_function(wrap_pyfunction!(min_arborescences, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
