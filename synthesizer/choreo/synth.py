@@ -202,7 +202,7 @@ def synthesize(
     best = min(results, key=lambda s: s.makespan)
     if railed:
         return _against_rail_plan(fabric, demands, best)
-    trees = tree_packing(fabric, demands) if opts.tree_packing else None
+    trees = tree_packing(fabric, demands, beat=best.makespan) if opts.tree_packing else None
     return trees if trees is not None and trees.makespan < best.makespan else best
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 import highspy
 import numpy as np
 
+from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
@@ -46,6 +47,8 @@ MAX_RANKS = 64  # the program and its pricing grow with ranks times links
 MAX_ROUNDS = 60
 CHUNKS_PER_RANK = (32, 64, 128)  # shard cuts tried; the simulator keeps the fastest
 EPS = 1e-15  # seconds: a link free this close to now is free
+MAX_SENDS = 1 << 18  # sends of one layout: the list scheduler runs in Python
+LAYOUT_LOSS = 0.03  # the least a layout has lost to its packing's optimum (MI250: 7%)
 ALPHAS = 10  # a chunk's transfer time, in link latencies, below which no cut is tried
 
 
@@ -85,15 +88,18 @@ def applies(fabric: Topology, demands: tuple[Demand, ...]) -> bool:
 
 def worth_cutting(fabric: Topology, demand: Demand) -> list[int]:
     """The shard cuts of ``CHUNKS_PER_RANK`` whose chunks take at least ``ALPHAS`` link
-    latencies on the fastest link: below that the trees' many hops cost more than their
-    balance gains (small buffers are the greedy engine's)."""
+    latencies on the fastest link (below that the trees' many hops cost more than their
+    balance gains: small buffers are the greedy engine's) and whose sends stay within
+    ``MAX_SENDS``."""
     live = [lk for i, lk in enumerate(fabric.links) if fabric.usable(i)]
     if not live:
         return []
     fastest = max(lk.bandwidth for lk in live)
     latency = max(lk.alpha for lk in live)
     shard = demand.volume / demand.n
-    return [c for c in CHUNKS_PER_RANK if shard / c / fastest >= ALPHAS * latency]
+    sends = demand.n * (demand.n - 1)
+    return [c for c in CHUNKS_PER_RANK
+            if shard / c / fastest >= ALPHAS * latency and sends * c <= MAX_SENDS]
 
 
 def bundles(view: Topology, ranks: tuple[int, ...], reverse: bool) -> Bundles:
@@ -305,16 +311,19 @@ def lay_out(fabric: Topology, demand: Demand, packing: Packing, chunks: int) -> 
     return simulate(schedule).retimed(schedule)
 
 
-def tree_packing(fabric: Topology, demands: tuple[Demand, ...],
-                 deadline_s: float = 2.0) -> Schedule | None:
-    """The fastest laid-out packing over a few shard cuts; None where it does not apply."""
+def tree_packing(fabric: Topology, demands: tuple[Demand, ...], deadline_s: float = 2.0,
+                 beat: float = float("inf")) -> Schedule | None:
+    """The fastest laid-out packing over a few shard cuts; None where it does not apply or
+    where no packing would beat ``beat`` seconds (another engine's time) by
+    ``LAYOUT_LOSS``: first against the cut bound (cheap), then against the packing's own
+    optimum before laying it out."""
     if not applies(fabric, demands):
         return None
     cuts = worth_cutting(fabric, demands[0])
-    if not cuts:
+    if not cuts or lower_bound(fabric, demands[0]).value_s * (1 + LAYOUT_LOSS) >= beat:
         return None
     found = pack(fabric, demands[0], deadline_s)
-    if found is None:
+    if found is None or found.time * (1 + LAYOUT_LOSS) >= beat:
         return None
     laid = [lay_out(fabric, demands[0], found, c) for c in cuts]
     return min(laid, key=lambda s: s.makespan)
