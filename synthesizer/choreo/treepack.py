@@ -57,7 +57,7 @@ class Bundles:
     """The edges trees are made of: parallel links of one rank pair with the same costs form
     one edge (a send takes whichever is free), which keeps the program free of the many
     equal trees that only swap parallel links. ``tail``/``head`` are rank indices in the
-    trees' direction (reversed for ReduceScatter); ``members`` the view links of each."""
+    trees' direction (reversed for ReduceScatter); ``members`` the fabric links of each."""
 
     tail: np.ndarray
     head: np.ndarray
@@ -71,7 +71,6 @@ class Packing:
     ``time`` is the program's optimum (bandwidth only) and ``bound`` the certified lower
     bound on every tree packing; both in seconds for the whole collective."""
 
-    view: Topology
     bundles: Bundles
     trees: list[list[tuple[np.ndarray, float]]]
     time: float
@@ -80,7 +79,7 @@ class Packing:
 
 
 def applies(fabric: Topology, demands: tuple[Demand, ...]) -> bool:
-    """One AllGather or ReduceScatter tenant of a few hundred ranks at most, on direct links
+    """One AllGather or ReduceScatter tenant of at most ``MAX_RANKS`` ranks, on direct links
     (a fabric without switches)."""
     return (len(demands) == 1 and demands[0].collective in COLLECTIVES
             and 2 < demands[0].n <= MAX_RANKS and not fabric.switches)
@@ -102,12 +101,12 @@ def worth_cutting(fabric: Topology, demand: Demand) -> list[int]:
             if shard / c / fastest >= ALPHAS * latency and sends * c <= MAX_SENDS]
 
 
-def bundles(view: Topology, ranks: tuple[int, ...], reverse: bool) -> Bundles:
+def bundles(fabric: Topology, ranks: tuple[int, ...], reverse: bool) -> Bundles:
     """The usable links between ranks, parallel ones of equal cost bundled."""
     index = {v: i for i, v in enumerate(ranks)}
     groups: dict[tuple[int, int, float, float], list[int]] = {}
-    for i, lk in enumerate(view.links):
-        if lk.src in index and lk.dst in index and lk.src != lk.dst and view.usable(i):
+    for i, lk in enumerate(fabric.links):
+        if lk.src in index and lk.dst in index and lk.src != lk.dst and fabric.usable(i):
             groups.setdefault((index[lk.src], index[lk.dst], lk.alpha, lk.bandwidth),
                               []).append(i)
     ends = np.array([key[:2] for key in groups], dtype=np.int64).reshape(-1, 2)
@@ -115,17 +114,14 @@ def bundles(view: Topology, ranks: tuple[int, ...], reverse: bool) -> Bundles:
     return Bundles(tail, head, list(groups.values()))
 
 
-def pack(fabric: Topology, demand: Demand, deadline_s: float = 10.0,
-         view: Topology | None = None) -> Packing | None:
-    """The column-generation packing of ``demand``'s trees on ``view`` (default the fabric:
-    a graph of links each of which is its own resource, such as direct links or the
-    fractional shares of an unwound switch); None where some rank cannot reach (AllGather)
-    or be reached by (ReduceScatter) every other."""
+def pack(fabric: Topology, demand: Demand, deadline_s: float = 10.0) -> Packing | None:
+    """The column-generation packing of ``demand``'s trees on the fabric's links (each its
+    own resource); None where some rank cannot reach (AllGather) or be reached by
+    (ReduceScatter) every other."""
     import choreo_engine
 
     started = time.monotonic()
-    view = fabric if view is None else view
-    b = bundles(view, demand.ranks, demand.collective is Collective.REDUCESCATTER)
+    b = bundles(fabric, demand.ranks, demand.collective is Collective.REDUCESCATTER)
     if not len(b.members):
         return None
     shard = demand.volume / demand.n
@@ -134,7 +130,7 @@ def pack(fabric: Topology, demand: Demand, deadline_s: float = 10.0,
     row = {i: k for k, i in enumerate(links)}
     uses_ptr = np.cumsum([0] + [len(members) for members in b.members])
     uses = np.array([row[i] for members in b.members for i in members], dtype=np.int64)
-    held = np.array([shard / view.links[i].bandwidth / len(members)
+    held = np.array([shard / fabric.links[i].bandwidth / len(members)
                      for members in b.members for i in members])
     n, np_ = demand.n, len(links)
 
@@ -192,7 +188,7 @@ def pack(fabric: Topology, demand: Demand, deadline_s: float = 10.0,
     for (root, edges), share in zip(columns, x, strict=True):
         if share > 1e-9:
             per_root[root].append((edges, float(share)))
-    return Packing(view, b, per_root, float(value), lower, rounds)
+    return Packing(b, per_root, float(value), lower, rounds)
 
 
 def _apportion(shares: list[float], chunks: int) -> list[int]:
@@ -212,9 +208,10 @@ def _apportion(shares: list[float], chunks: int) -> list[int]:
     return order
 
 
-def _depths(tail: np.ndarray, head: np.ndarray, edges: np.ndarray, root: int) -> dict[int, int]:
-    """Per tree edge (index into the bundles), its depth below the root, 1 for the root's own
-    edges."""
+def _hops_below(tail: np.ndarray, head: np.ndarray, edges: np.ndarray,
+                root: int) -> dict[int, int]:
+    """Per tree edge (index into the bundles), root's edges first, the most hops a chunk
+    still takes below its head."""
     into = {int(head[e]): int(e) for e in edges}
     depth: dict[int, int] = {}
 
@@ -224,16 +221,9 @@ def _depths(tail: np.ndarray, head: np.ndarray, edges: np.ndarray, root: int) ->
             depth[e] = 1 if up == root else of(into[up]) + 1
         return depth[e]
 
-    for e in edges:
-        of(int(e))
-    return depth
-
-
-def _hops_below(tail: np.ndarray, head: np.ndarray, depth: dict[int, int]) -> dict[int, int]:
-    """Per tree edge, the most hops a chunk still takes below its head."""
-    into = {int(head[e]): e for e in depth}
-    below = dict.fromkeys(depth, 0)
-    for e in sorted(depth, key=lambda e: -depth[e]):
+    order = sorted((int(e) for e in edges), key=of)
+    below = dict.fromkeys(order, 0)
+    for e in reversed(order):
         up = into.get(int(tail[e]))
         if up is not None:
             below[up] = max(below[up], below[e] + 1)
@@ -253,13 +243,12 @@ def lay_out(fabric: Topology, demand: Demand, packing: Packing, chunks: int) -> 
     children: list[list[int]] = []
     ready: list[int] = []
     for r, trees in enumerate(packing.trees):
-        depths = [_depths(b.tail, b.head, edges, r) for edges, _ in trees]
-        belows = [_hops_below(b.tail, b.head, depth) for depth in depths]
+        belows = [_hops_below(b.tail, b.head, edges, r) for edges, _ in trees]
         for j, k in enumerate(_apportion([s for _, s in trees], chunks)):
-            depth, below = depths[k], belows[k]
+            below = belows[k]
             first = len(bundle_of)
-            arriving = {int(b.head[e]): first + i for i, e in enumerate(depth)}
-            for e in depth:
+            arriving = {int(b.head[e]): first + i for i, e in enumerate(below)}
+            for e in below:
                 bundle_of.append(e)
                 chunk_of.append(r * chunks + j)
                 step_of.append(j - below[e])
@@ -291,7 +280,7 @@ def lay_out(fabric: Topology, demand: Demand, packing: Packing, chunks: int) -> 
                 break
             _, i = heapq.heappop(queue)
             lk = b.members[ident][slot]
-            duration = packing.view.links[lk].cost(chunk_bytes)
+            duration = fabric.links[lk].cost(chunk_bytes)
             start[i], end[i], link[i] = now, now + duration, lk
             slots[slot] = end[i]
             heapq.heappush(events, (end[i], 0, i))
@@ -299,10 +288,9 @@ def lay_out(fabric: Topology, demand: Demand, packing: Packing, chunks: int) -> 
     if reverse:
         span = end.max()
         start, end = span - end, span - start
-    view = packing.view
-    ends = np.array([(view.links[i].src, view.links[i].dst) for i in link], dtype=np.int64)
+    ends = np.array([(fabric.links[i].src, fabric.links[i].dst) for i in link], dtype=np.int64)
     op = np.full(m, int(Op.REDUCE if reverse else Op.COPY))
-    schedule = Schedule(fabric, view, (replace(demand, chunks=chunks),), np.zeros(m),
+    schedule = Schedule(fabric, fabric, (replace(demand, chunks=chunks),), np.zeros(m),
                         np.array(chunk_of), ends[:, 0], ends[:, 1], link, start, end, op,
                         engine=ENGINE,
                         meta={"engine": ENGINE, "chunks_per_rank": chunks,
@@ -315,12 +303,14 @@ def tree_packing(fabric: Topology, demands: tuple[Demand, ...], deadline_s: floa
                  beat: float = float("inf")) -> Schedule | None:
     """The fastest laid-out packing over a few shard cuts; None where it does not apply or
     where no packing would beat ``beat`` seconds (another engine's time) by
-    ``LAYOUT_LOSS``: first against the cut bound (cheap), then against the packing's own
-    optimum before laying it out."""
+    ``LAYOUT_LOSS``: first against the cut bound (cheap; for any cut of the shards, as the
+    layout cuts them finer than asked), then against the packing's own optimum before
+    laying it out."""
     if not applies(fabric, demands):
         return None
     cuts = worth_cutting(fabric, demands[0])
-    if not cuts or lower_bound(fabric, demands[0]).value_s * (1 + LAYOUT_LOSS) >= beat:
+    bound = lower_bound(fabric, demands[0], whole_chunks=False).value_s
+    if not cuts or bound * (1 + LAYOUT_LOSS) >= beat:
         return None
     found = pack(fabric, demands[0], deadline_s)
     if found is None or found.time * (1 + LAYOUT_LOSS) >= beat:
