@@ -196,10 +196,15 @@ def synthesize(
     check_alltoall_work(demands)
     views = _logical_views(fabric, demands, opts)
     # The engine releases the GIL, so the unwinding candidates run side by side, as many
-    # at once as their state fits in memory.
+    # at once as their state fits in memory, smallest first. Each starts with the best end
+    # found so far as its bar and stops when it cannot beat it (None), so the first view
+    # always finishes and the pick is the same as if every view had.
+    bar = _Bar()
     with ThreadPoolExecutor(max_workers=parallel_views(views, demands)) as pool:
-        results = list(pool.map(lambda view: _synthesize_on(fabric, view, demands, opts), views))
-    best = min(results, key=lambda s: s.makespan)
+        results = list(pool.map(
+            lambda view: bar.lower(_synthesize_on(fabric, view, demands, opts, bar.seconds)),
+            views))
+    best = min((s for s in results if s is not None), key=lambda s: s.makespan)
     if railed:
         return _against_rail_plan(fabric, demands, best)
     return _against_trees(fabric, demands, best) if opts.tree_packing else best
@@ -326,6 +331,21 @@ def _per_tenant_unwinding(fabric: Topology, demands: tuple[Demand, ...], degree:
 # ---- one synthesis on a switch-free logical topology --------------------------------------
 
 
+class _Bar:
+    """The earliest planned end among the views finished so far."""
+
+    def __init__(self) -> None:
+        self.seconds = float("inf")
+        self._lock = threading.Lock()
+
+    def lower(self, schedule: Schedule | None) -> Schedule | None:
+        if schedule is not None:
+            with self._lock:
+                self.seconds = min(self.seconds, schedule.makespan)
+        return schedule
+
+
+
 class _Phase:
     """The chunks of one matching phase, flattened across tenants as engine columns."""
 
@@ -356,8 +376,10 @@ def _expand(ranks: np.ndarray, k: int, single: np.ndarray | None) -> tuple[np.nd
 
 
 def _synthesize_on(
-    fabric: Topology, topology: Topology, demands: tuple[Demand, ...], opts: SynthOptions
-) -> Schedule:
+    fabric: Topology, topology: Topology, demands: tuple[Demand, ...], opts: SynthOptions,
+    cutoff: float = float("inf"),
+) -> Schedule | None:
+    """Greedy on one logical topology, or None when it cannot end by ``cutoff`` seconds."""
     usable = np.array(topology.usable_links(), dtype=np.int64)
     order = _tenant_order(demands)
     # Phase 1: combining tenants as the inverse non-combining collective on reversed links.
@@ -372,7 +394,9 @@ def _synthesize_on(
     link_free = np.zeros(len(topology.links))
     reduced: Schedule | None = None
     if len(reversed_phase):
-        plan = _run(topology, usable, demands, reversed_phase, link_free, reverse=True, opts=opts)
+        plan = _run(topology, usable, demands, reversed_phase, link_free, True, opts, cutoff)
+        if plan is None:  # the reduction alone already runs past the cutoff
+            return None
         span = plan["makespan"]
         reduced = _to_schedule(fabric, topology, demands, reversed_phase, plan, Op.REDUCE,
                                start=span - plan["end"], end=span - plan["start"])
@@ -387,7 +411,9 @@ def _synthesize_on(
         elif not d.collective.combining:
             forward.add(t, d, d.single_origin, d.single_destination)
     if len(forward):
-        plan = _run(topology, usable, demands, forward, link_free, reverse=False, opts=opts)
+        plan = _run(topology, usable, demands, forward, link_free, False, opts, cutoff)
+        if plan is None:
+            return None
         parts.append(_to_schedule(fabric, topology, demands, forward, plan, Op.COPY))
     sched = Schedule.concat(parts, engine="greedy").sorted()
     sched.meta.update({"restarts": opts.restarts, "seed": opts.seed,
@@ -419,7 +445,10 @@ def _tenant_order(demands: tuple[Demand, ...]) -> list[int]:
 
 
 def _run(topology: Topology, usable: np.ndarray, demands: tuple[Demand, ...], chunks: _Phase,
-         link_free: np.ndarray, reverse: bool, opts: SynthOptions) -> dict:
+         link_free: np.ndarray, reverse: bool, opts: SynthOptions,
+         cutoff: float = float("inf")) -> dict | None:
+    """One engine phase; None when every seed's plan runs past ``cutoff`` seconds (absolute
+    time: a reversed phase's own span is part of the whole, so it can only be longer)."""
     import choreo_engine
 
     links = topology.links
@@ -432,7 +461,7 @@ def _run(topology: Topology, usable: np.ndarray, demands: tuple[Demand, ...], ch
     target_ptr = np.concatenate([[0], np.cumsum(chunks.column(5))]).astype(np.uint64)
     seeds = [opts.seed * 1000003 + i for i in range(max(1, opts.restarts))]
     try:
-        plan: dict = choreo_engine.greedy(
+        plan: dict | None = choreo_engine.greedy(
             topology.num_nodes, src, dst,
             equalized(np.array([links[i].alpha for i in usable]), up=True),
             equalized(np.array([links[i].bandwidth for i in usable]), up=False),
@@ -441,10 +470,12 @@ def _run(topology: Topology, usable: np.ndarray, demands: tuple[Demand, ...], ch
             np.array([weights.index(d.weight) for d in demands], dtype=np.uint32),
             chunks.column(0), holder_ptr, chunks.column(3), chunks.column(4),
             target_ptr, chunks.column(6), seeds, opts.replacement,
-            **({} if opts.relay else _members(demands)),
+            **({} if opts.relay else _members(demands)), cutoff=cutoff,
         )
     except ValueError as err:
         raise InfeasibleError(f"synthesis on {topology.name}: {err}") from None
+    if plan is None:
+        return None
     plan["link"] = usable[plan["link"]]
     if reverse:
         plan["src"], plan["dst"] = plan["dst"], plan["src"]

@@ -16,6 +16,7 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 
 use crate::bitset::{cyclic_find, BitMatrix};
 
@@ -63,6 +64,26 @@ pub struct Options {
     pub seed: u64,
     pub replacement: bool,
     pub exclusive: bool,
+}
+
+/// The earliest makespan any run sharing it has reached (or was given to beat). A run whose
+/// clock passes it still has chunks to deliver, so it can only end later: it stops there.
+pub struct Bar(AtomicU64);
+
+impl Bar {
+    pub fn new(seconds: f64) -> Self {
+        Bar(AtomicU64::new(seconds.to_bits()))
+    }
+
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(AtomicOrdering::Relaxed))
+    }
+
+    fn lower(&self, seconds: f64) {
+        let _ = self.0.fetch_update(AtomicOrdering::Relaxed, AtomicOrdering::Relaxed, |bits| {
+            (seconds < f64::from_bits(bits)).then_some(seconds.to_bits())
+        });
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -569,6 +590,12 @@ fn class_ranges(p: &Problem) -> Result<Vec<(usize, usize)>, String> {
 
 /// Synthesize one schedule with the given seed.
 pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
+    synthesize_within(p, opt, &Bar::new(f64::INFINITY)).map(|plan| plan.expect("no bar to pass"))
+}
+
+/// Synthesize one schedule with the given seed, or None once its clock passes `bar` (it would
+/// end later than a schedule already found); a finished schedule lowers the bar.
+pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<Plan>, String> {
     check(p)?;
     let (n, k, l) = (p.num_nodes, p.chunk_tenant.len(), p.link_src.len());
     let mut out_links = vec![Vec::new(); n];
@@ -682,6 +709,9 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
             return Err(unreachable_report(&st));
         };
         now = first.time;
+        if now > bar.get() {
+            return Ok(None);
+        }
         let horizon = now + 1e-12 * now.abs().max(1e-9);
         let mut ev = Some(first);
         arrivals.clear();
@@ -726,7 +756,9 @@ pub fn synthesize(p: &Problem, opt: Options) -> Result<Plan, String> {
             }
         }
     }
-    Ok(finish(&st))
+    let plan = finish(&st);
+    bar.lower(plan.makespan);
+    Ok(Some(plan))
 }
 
 fn unreachable_report(st: &State) -> String {
@@ -796,24 +828,31 @@ fn finish(st: &State) -> Plan {
     plan
 }
 
-/// Run several seeds in parallel and keep the schedule that finishes first.
-pub fn synthesize_best(p: &Problem, seeds: &[u64], base: Options) -> Result<(Plan, Vec<f64>, u64), String> {
+/// Run several seeds in parallel and keep the schedule that finishes first (the first seed's
+/// among equals), or None when none ends by `cutoff`. A seed stops once its clock passes the
+/// best end so far, so only schedules that cannot win are cut short; their makespans read
+/// as infinite.
+pub fn synthesize_best(p: &Problem, seeds: &[u64], base: Options, cutoff: f64)
+    -> Result<Option<(Plan, Vec<f64>, u64)>, String> {
     use rayon::prelude::*;
-    let runs: Vec<Result<Plan, String>> = seeds
+    let bar = Bar::new(cutoff);
+    let runs: Vec<Result<Option<Plan>, String>> = seeds
         .par_iter()
-        .map(|&seed| synthesize(p, Options { seed, ..base }))
+        .map(|&seed| synthesize_within(p, Options { seed, ..base }, &bar))
         .collect();
     let mut best: Option<(Plan, u64)> = None;
     let mut makespans = Vec::with_capacity(seeds.len());
     for (run, &seed) in runs.into_iter().zip(seeds) {
-        let plan = run?;
+        let Some(plan) = run? else {
+            makespans.push(f64::INFINITY);
+            continue;
+        };
         makespans.push(plan.makespan);
         if best.as_ref().is_none_or(|(b, _)| plan.makespan < b.makespan) {
             best = Some((plan, seed));
         }
     }
-    let (plan, seed) = best.ok_or("no seeds given")?;
-    Ok((plan, makespans, seed))
+    Ok(best.map(|(plan, seed)| (plan, makespans, seed)))
 }
 
 #[cfg(test)]
@@ -873,6 +912,25 @@ mod tests {
         let b = synthesize(&p, OPT).unwrap();
         assert_eq!(a.chunk, b.chunk);
         assert_eq!(a.start, b.start);
+    }
+
+    #[test]
+    fn a_bar_cuts_only_plans_that_cannot_beat_it() {
+        let links: Vec<_> = (0..16u32).flat_map(|i| [(i, (i + 1) % 16, 1.0), ((i + 1) % 16, i, 1.0), (i, (i + 4) % 16, 0.5)]).collect();
+        let p = allgather(16, &links, 1.0);
+        let seeds: Vec<u64> = (0..6).collect();
+        let (free, makespans, seed) = synthesize_best(&p, &seeds, OPT, f64::INFINITY).unwrap().unwrap();
+        // A bar at the best end keeps the same plan; seeds cut short read as infinite.
+        let (kept, cut_makespans, kept_seed) = synthesize_best(&p, &seeds, OPT, free.makespan).unwrap().unwrap();
+        assert_eq!((kept.chunk, kept.start, kept_seed), (free.chunk.clone(), free.start.clone(), seed));
+        for (m, c) in makespans.iter().zip(&cut_makespans) {
+            assert!(c == m || (c.is_infinite() && *m > free.makespan), "{m} vs {c}");
+        }
+        // Just below it nothing can end in time.
+        assert!(synthesize_best(&p, &seeds, OPT, free.makespan * (1.0 - 1e-9)).unwrap().is_none());
+        let bar = Bar::new(free.makespan * 0.5);
+        assert!(synthesize_within(&p, Options { seed, ..OPT }, &bar).unwrap().is_none());
+        assert_eq!(bar.get(), free.makespan * 0.5);
     }
 
     #[test]

@@ -16,7 +16,8 @@ fn vec<T: numpy::Element + Copy>(a: &PyReadonlyArray1<T>) -> Vec<T> {
     a.as_array().to_vec()
 }
 
-/// Greedy link-chunk matching over several seeds; returns the best plan as numpy columns.
+/// Greedy link-chunk matching over several seeds; returns the best plan as numpy columns, or
+/// None when no seed's plan ends by `cutoff` seconds (the seeds stop once they cannot).
 ///
 /// Raises ValueError when the problem is malformed or some chunk can never reach a
 /// destination (the message names the chunk and node).
@@ -25,7 +26,8 @@ fn vec<T: numpy::Element + Copy>(a: &PyReadonlyArray1<T>) -> Vec<T> {
     num_nodes, link_src, link_dst, link_alpha, link_bandwidth, link_free_at,
     tenant_bytes, tenant_class, chunk_tenant,
     holder_ptr, holder_node, holder_time, target_ptr, target_node,
-    seeds, replacement = true, exclusive = true, member_ptr = None, member_node = None
+    seeds, replacement = true, exclusive = true, member_ptr = None, member_node = None,
+    cutoff = f64::INFINITY
 ))]
 #[allow(clippy::too_many_arguments)]
 fn greedy<'py>(
@@ -49,7 +51,8 @@ fn greedy<'py>(
     exclusive: bool,
     member_ptr: Option<PyReadonlyArray1<'py, u64>>,
     member_node: Option<PyReadonlyArray1<'py, u32>>,
-) -> PyResult<Bound<'py, PyDict>> {
+    cutoff: f64,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
     let problem = Problem {
         num_nodes,
         link_src: vec(&link_src),
@@ -68,9 +71,11 @@ fn greedy<'py>(
         member_ptr: member_ptr.map(|a| a.as_array().iter().map(|&x| x as usize).collect()).unwrap_or_default(),
         member_node: member_node.map(|a| vec(&a)).unwrap_or_default(),
     };
-    let (plan, makespans, seed) = py
-        .detach(|| synthesize_best(&problem, &seeds, Options { seed: 0, replacement, exclusive }))
+    let best = py
+        .detach(|| synthesize_best(&problem, &seeds, Options { seed: 0, replacement, exclusive },
+                                   cutoff))
         .map_err(PyValueError::new_err)?;
+    let Some((plan, makespans, seed)) = best else { return Ok(None) };
     let out = PyDict::new(py);
     out.set_item("chunk", plan.chunk.into_pyarray(py))?;
     out.set_item("src", plan.src.into_pyarray(py))?;
@@ -81,7 +86,7 @@ fn greedy<'py>(
     out.set_item("makespan", plan.makespan)?;
     out.set_item("makespans", makespans)?;
     out.set_item("seed", seed)?;
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// The MSCCL lowering of one tenant (see `lowering.rs`): a dict with the `<gpu>` elements as
