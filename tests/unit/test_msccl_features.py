@@ -263,3 +263,19 @@ def test_cli_reports_violations_and_bad_files(tmp_path: Path,
     assert "error:" in capsys.readouterr().err
     assert main(["msccl", "validate", str(tmp_path / "missing.xml")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_overlapping_transfers_of_one_pair_take_separate_connections() -> None:
+    """Two sends of one pair that overlap in time (parallel links) need two connections; a
+    later one reuses the first connection that is free by its start."""
+    fabric = build("ring-4")
+    demand = Demand(Collective.BROADCAST, (0, 1), 3000, 3)
+    sched = Schedule(fabric, fabric, (demand,), tenant=np.zeros(3), chunk=np.arange(3),
+                     src=np.zeros(3), dst=np.ones(3), link=np.zeros(3),
+                     start=np.array([0.0, 0.5, 1.0]), end=np.array([1.0, 1.5, 2.0]),
+                     op=np.zeros(3))
+    xml = to_xml(sched)
+    sender = next(g for g in parse(xml).algo.gpus if g.id == 0)
+    sends = sorted((t.chan, len(t.steps)) for t in sender.tbs if t.send == 1)
+    assert sends == [(0, 2), (1, 1)]
+    assert run(xml).ok

@@ -216,12 +216,25 @@ class _Program:
         self.L = np.lexsort((ids, kind, time))
         self.pos = np.empty(2 * T, dtype=np.int64)
         self.pos[self.L] = ids
-        # Lanes: transfers of one pair that overlap in time need separate connections.
-        lane = [0] * T
+        self.lane = self._lanes()
+
+    def _lanes(self) -> np.ndarray:
+        """Per transfer its connection among those of its pair: transfers of one pair that
+        overlap in time need separate connections, each taking the first lane free by its
+        start (in start order). Where no two of a pair overlap, which is the usual case, every
+        lane is 0 without walking the transfers one by one."""
+        order = np.lexsort((self.end, self.start))
+        pair = (self.src * self.n + self.dst)[order]
+        by_pair = np.argsort(pair, kind="stable")  # start order within each pair
+        same = pair[by_pair][1:] == pair[by_pair][:-1]
+        earlier, later = order[by_pair][:-1], order[by_pair][1:]
+        if not np.any(same & (self.end[earlier] > self.start[later] + EPS)):
+            return np.zeros(self.T, dtype=np.int64)
+        lane = [0] * self.T
         ends: dict[tuple[int, int], list[float]] = defaultdict(list)
         src, dst = self.src.tolist(), self.dst.tolist()
         start, end = self.start.tolist(), self.end.tolist()
-        for x in np.lexsort((self.end, self.start)).tolist():
+        for x in order.tolist():
             busy = ends[(src[x], dst[x])]
             for k, e in enumerate(busy):
                 if e <= start[x] + EPS:
@@ -231,7 +244,7 @@ class _Program:
             else:
                 lane[x] = len(busy)
                 busy.append(end[x])
-        self.lane = np.asarray(lane, dtype=np.int64)
+        return np.asarray(lane, dtype=np.int64)
 
     def _offsets(self) -> None:
         """Where each atom's chunks sit in its node's input and output (ABSENT if they do not
@@ -307,16 +320,20 @@ class _Program:
 
     def _channels(self) -> None:
         """Base channel per connection: per rank at most 32 send and 32 receive peers each."""
-        conn_of: dict[tuple[int, int, int], int] = {}
-        ids = np.empty(self.T, dtype=np.int64)
-        for x, key in enumerate(zip(self.src.tolist(), self.dst.tolist(), self.lane.tolist(),
-                                    strict=True)):
-            ids[x] = conn_of.setdefault(key, len(conn_of))
+        # Connections (src, dst, lane) numbered in order of their first transfer.
+        key = (self.src * self.n + self.dst) * (int(self.lane.max()) + 1) + self.lane
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        by_first = np.argsort(first)
+        number = np.empty_like(by_first)
+        number[by_first] = np.arange(len(by_first))
+        ids = number[inverse.ravel()]
+        at = first[by_first]
         outs: dict[tuple[int, int], int] = defaultdict(int)
         ins: dict[tuple[int, int], int] = defaultdict(int)
         pair_chans: dict[tuple[int, int], set[int]] = defaultdict(set)
-        base = [0] * len(conn_of)
-        for (s, d, _lane), k in sorted(conn_of.items(), key=lambda kv: kv[1]):
+        base = [0] * len(at)
+        for k, (s, d) in enumerate(zip(self.src[at].tolist(), self.dst[at].tolist(),
+                                       strict=True)):
             ch = 0
             while (outs[(s, ch)] >= MAX_PEERS_PER_CHANNEL or ins[(d, ch)] >= MAX_PEERS_PER_CHANNEL
                    or ch in pair_chans[(s, d)]):
