@@ -4,7 +4,7 @@
 //! elements as text. Python prepares the arrays (event order, atoms and their buffer offsets,
 //! channels, own-data copies) and turns errors into messages.
 
-use std::collections::HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 use std::fmt::Write;
 
 /// A buffer location: buffer (`i`, `o` or `s`) and offset in chunk units (-1: unnamed).
@@ -84,14 +84,23 @@ pub struct Output {
     pub scratch: i64,
 }
 
-#[derive(Clone)]
+#[derive(Clone, Copy)]
 struct Op {
     kind: &'static str,
     src: Loc,
     dst: Loc,
-    deps: Vec<usize>,
     events: (usize, usize), // usize::MAX: none
     cnt: i64,
+}
+
+impl Op {
+    /// The events this op waits for: its first event's, and a fused send's less the receive
+    /// it carries on (read from the hazards, not copied into every op).
+    fn deps<'a>(&self, h: &'a Hazards) -> impl Iterator<Item = usize> + 'a {
+        let (first, second) = self.events;
+        let of = |e: usize| if e == NONE { &[][..] } else { &h.deps[e][..] };
+        of(first).iter().copied().chain(of(second).iter().copied().filter(move |&w| w != first))
+    }
 }
 
 struct TbPlan {
@@ -277,7 +286,7 @@ fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
         .collect();
     let (src, dst) = (inp.src, inp.dst);
     // Pair each rank's receive peer with the send peer it forwards most to, per channel.
-    let mut weight: HashMap<(i64, i64, i64, i64), i64> = HashMap::new();
+    let mut weight: HashMap<(i64, i64, i64, i64), i64> = HashMap::default();
     let mut sends: Vec<(i64, i64, i64)> = Vec::with_capacity(t);
     let mut recvs: Vec<(i64, i64, i64)> = Vec::with_capacity(t);
     for y in 0..t {
@@ -291,7 +300,7 @@ fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
         }
     }
     let mut tbs: Vec<Vec<TbPlan>> = (0..inp.n).map(|_| Vec::new()).collect();
-    let mut tb_of: TbIndex = HashMap::new();
+    let mut tb_of: TbIndex = HashMap::default();
     let mut ranked: Vec<((i64, i64, i64, i64), i64)> = weight.into_iter().collect();
     ranked.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     for ((g, ch, q, p), _) in ranked {
@@ -314,7 +323,7 @@ fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
         }
     }
     // A rank's own-data copies: one threadblock of its own, after the others.
-    let mut local: HashMap<i64, usize> = HashMap::new();
+    let mut local: HashMap<i64, usize> = HashMap::default();
     for &(g, i, o) in inp.copies {
         let idx = *local.entry(g).or_insert_with(|| {
             tbs[g as usize].push(TbPlan { send: -1, recv: -1, chan: 0, ops: Vec::new() });
@@ -324,7 +333,6 @@ fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
             kind: "cpy",
             src: (b'i', i),
             dst: (b'o', o),
-            deps: Vec::new(),
             events: (NONE, NONE),
             cnt: 1,
         });
@@ -338,7 +346,6 @@ fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
                 kind: "s",
                 src: h.read_loc[e],
                 dst: h.home[e],
-                deps: h.deps[e].clone(),
                 events: (e, NONE),
                 cnt: inp.count[e],
             };
@@ -351,7 +358,6 @@ fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
                 kind,
                 src: from,
                 dst: h.home[x],
-                deps: h.deps[e].clone(),
                 events: (e, NONE),
                 cnt: inp.count[x],
             };
@@ -372,7 +378,7 @@ fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
             }
         }
     }
-    let (waits, max_steps) = dependencies(inp, &tbs, &where_);
+    let (waits, max_steps) = dependencies(inp, h, &tbs, &where_);
     Plan { tbs, waits, fused, max_steps }
 }
 
@@ -398,7 +404,7 @@ fn fuse(inp: &Input, h: &Hazards, tbs: &mut [Vec<TbPlan>], chan: &[i64]) -> usiz
             waits_on(w, e);
         }
     }
-    let mut conns: HashMap<(i64, i64, i64), Vec<usize>> = HashMap::new();
+    let mut conns: HashMap<(i64, i64, i64), Vec<usize>> = HashMap::default();
     for &e in inp.order {
         let x = e as usize;
         if x < t {
@@ -426,7 +432,7 @@ fn fuse(inp: &Input, h: &Hazards, tbs: &mut [Vec<TbPlan>], chan: &[i64]) -> usiz
                     let s_ev = b.events.0;
                     if (a.kind == "r" || a.kind == "rrc")
                         && b.kind == "s"
-                        && b.deps.contains(&r_ev)
+                        && h.deps[s_ev].contains(&r_ev)
                         && inp.chunk[r_ev - t] == inp.chunk[s_ev]
                         && inp.count[r_ev - t] == inp.count[s_ev]
                     {
@@ -435,14 +441,14 @@ fn fuse(inp: &Input, h: &Hazards, tbs: &mut [Vec<TbPlan>], chan: &[i64]) -> usiz
                             .find(|&&(_, w)| w != NONE && w != s_ev)
                             .map_or(i64::MAX, |&(p, _)| p);
                         if other > pos[s_ev] {
-                            ops.push(fused_op(h, a, b, r_ev, s_ev, t));
+                            ops.push(fused_op(h, a, r_ev, s_ev, t));
                             fused += 1;
                             k += 2;
                             continue;
                         }
                     }
                 }
-                ops.push(a.clone());
+                ops.push(*a);
                 k += 1;
             }
             plan.ops = ops;
@@ -451,9 +457,7 @@ fn fuse(inp: &Input, h: &Hazards, tbs: &mut [Vec<TbPlan>], chan: &[i64]) -> usiz
     fused
 }
 
-fn fused_op(h: &Hazards, a: &Op, b: &Op, r_ev: usize, s_ev: usize, t: usize) -> Op {
-    let mut deps = a.deps.clone();
-    deps.extend(b.deps.iter().copied().filter(|&w| w != r_ev));
+fn fused_op(h: &Hazards, a: &Op, r_ev: usize, s_ev: usize, t: usize) -> Op {
     let x = r_ev - t;
     let kind = if a.kind == "r" {
         "rcs"
@@ -466,13 +470,14 @@ fn fused_op(h: &Hazards, a: &Op, b: &Op, r_ev: usize, s_ev: usize, t: usize) -> 
         "rrs"
     };
     let src = if a.kind == "r" { a.dst } else { a.src };
-    Op { kind, src, dst: a.dst, deps, events: (r_ev, s_ev), cnt: a.cnt }
+    Op { kind, src, dst: a.dst, events: (r_ev, s_ev), cnt: a.cnt }
 }
 
 /// Each op's waits reduced to one per other threadblock, minus those already implied; and the
 /// longest threadblock in steps (each extra dependency costs a `nop`).
 fn dependencies(
     inp: &Input,
+    h: &Hazards,
     tbs: &[Vec<TbPlan>],
     where_: &[(usize, usize)],
 ) -> (Vec<Vec<Waits>>, i64) {
@@ -482,12 +487,12 @@ fn dependencies(
     for plans in tbs {
         let mut per_tb = Vec::with_capacity(plans.len());
         for (ti, plan) in plans.iter().enumerate() {
-            let mut seen: HashMap<usize, usize> = HashMap::new();
+            let mut seen: HashMap<usize, usize> = HashMap::default();
             let mut per_op: Vec<Vec<(usize, usize)>> = Vec::with_capacity(plan.ops.len());
             let mut steps = 0;
             for op in &plan.ops {
                 need.clear();
-                for &e in &op.deps {
+                for e in op.deps(h) {
                     let (tt, kk) = where_[e];
                     if tt == ti {
                         continue;
@@ -554,7 +559,7 @@ fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<(String, i64), LowerErr
         let waits = &plan.waits[g];
         // step index of each op's last piece, after its nops: what others wait for
         let mut s_of: Vec<Vec<i64>> = Vec::with_capacity(plans.len());
-        let mut hasdep: std::collections::HashSet<(usize, usize)> = Default::default();
+        let mut hasdep: FxHashSet<(usize, usize)> = Default::default();
         for (ti, p) in plans.iter().enumerate() {
             let mut cur = 0;
             let mut idx = Vec::with_capacity(p.ops.len());
