@@ -345,7 +345,6 @@ class _Bar:
         return schedule
 
 
-
 class _Phase:
     """The chunks of one matching phase, flattened across tenants as engine columns."""
 

@@ -835,6 +835,9 @@ fn finish(st: &State) -> Plan {
 pub fn synthesize_best(p: &Problem, seeds: &[u64], base: Options, cutoff: f64)
     -> Result<Option<(Plan, Vec<f64>, u64)>, String> {
     use rayon::prelude::*;
+    if seeds.is_empty() {
+        return Err("no seeds given".into());
+    }
     let bar = Bar::new(cutoff);
     let runs: Vec<Result<Option<Plan>, String>> = seeds
         .par_iter()
