@@ -183,7 +183,7 @@ def pack(fabric: Topology, demand: Demand, deadline_s: float = 10.0) -> Packing 
             break
         for k in entering:
             add(int(k), trees[k])
-    x = np.asarray(lp.getSolution().col_value[1:])
+    x = np.asarray(solution.col_value[1:])  # the loop ends before adding columns
     per_root: list[list[tuple[np.ndarray, float]]] = [[] for _ in range(n)]
     for (root, edges), share in zip(columns, x, strict=True):
         if share > 1e-9:

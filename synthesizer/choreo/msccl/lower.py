@@ -226,8 +226,9 @@ class _Program:
         order = np.lexsort((self.end, self.start))
         pair = (self.src * self.n + self.dst)[order]
         by_pair = np.argsort(pair, kind="stable")  # start order within each pair
-        same = pair[by_pair][1:] == pair[by_pair][:-1]
-        earlier, later = order[by_pair][:-1], order[by_pair][1:]
+        pair, grouped = pair[by_pair], order[by_pair]
+        same = pair[1:] == pair[:-1]
+        earlier, later = grouped[:-1], grouped[1:]
         if not np.any(same & (self.end[earlier] > self.start[later] + EPS)):
             return np.zeros(self.T, dtype=np.int64)
         lane = [0] * self.T
