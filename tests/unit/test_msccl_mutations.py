@@ -115,6 +115,43 @@ def test_dependency_cycle() -> None:
     assert {(0, a.id, 0), (0, b.id, 0)} <= stuck
 
 
+def test_a_cycle_through_a_threadblocks_own_order_is_found() -> None:
+    algo = model()
+    gpu = algo.gpus[0]
+    a, b = gpu.tbs[0], gpu.tbs[1]
+    assert len(b.steps) >= 2
+    a.steps[0].depid, a.steps[0].deps = b.id, 1  # b's step 1 runs only after its step 0 ...
+    b.steps[0].depid, b.steps[0].deps = a.id, 0  # ... which waits for a's step 0
+    a.steps[0].hasdep = b.steps[1].hasdep = 1
+    found = rules(algo)
+    assert list(found) == ["cycle"]
+    message = found["cycle"][0].message
+    assert f"tb {b.id} step 1" in message and f"tb {b.id} step 0" in message
+    assert f"tb {a.id} step 0" in message
+
+
+@pytest.mark.parametrize(("edit", "rule"), [
+    (lambda t: t.replace('<step s="0" ', '<step s="0" extra="1" ', 1), "attr"),
+    (lambda t: t.replace('type="s"', f'type="{"s" * 300}"', 1), "limit"),
+    (lambda t: t.replace('type="s"', 'type="send"', 1), "type"),
+    (lambda t: t.replace('srcbuf="i"', 'srcbuf="x"', 1), "offset"),
+    (lambda t: t.replace('cnt="1"', 'cnt="0x1"', 1), "attr"),
+])
+def test_every_step_attribute_is_still_read_and_checked(edit, rule: str) -> None:  # type: ignore[no-untyped-def]
+    text = to_xml(schedule("ring-8", "allgather", 1))
+    assert validate(text) == []
+    assert rule in {v.rule for v in validate(edit(text))}
+
+
+def test_steps_read_without_per_attribute_checks_equal_those_read_with_them() -> None:
+    text = to_xml(schedule("ring-8", "allreduce", 2))
+    padded = re.sub(r'( (?:s|srcoff|dstoff|cnt|depid|deps|hasdep)="-?[0-9]+)"', r'\1 "', text)
+    assert padded.count(' "') >= 7 * text.count("<step ")  # every step takes the checked path
+    plain, checked = parse(text), parse(padded)
+    assert plain.violations == checked.violations == []
+    assert plain.algo == checked.algo
+
+
 def test_send_in_a_threadblock_without_send_peer() -> None:
     algo = model()
     tb = next(tb for tb in algo.gpus[0].tbs if tb.send >= 0)

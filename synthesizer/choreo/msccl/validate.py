@@ -11,15 +11,14 @@ dialect names (``layout.RUNTIMES``), counted as its loader counts them.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from choreo.msccl import layout
-from choreo.msccl.parse import detect_dialect, parse, token_violations
+from choreo.msccl.parse import collector_paused, detect_dialect, parse, token_violations
 from choreo.msccl.violation import Violation
 from choreo.msccl.xmlmodel import (
-    BUFFERS,
     READS_SRC,
     RECVS,
     SENDS,
@@ -40,14 +39,6 @@ _REQUIRED = {  # per XML format
 _STORES = frozenset({"r", "rcs", "rrc", "rrcs"})
 
 
-@dataclass
-class _Node:
-    gpu: int
-    tb: int
-    step: int
-    line: int
-
-
 def validate(xml_text: str, dialect: str | None = None, *,
              partial: bool | None = None) -> list[Violation]:
     """All violations, sorted by line. ``partial``: a per-node split file holding only some
@@ -62,7 +53,8 @@ def validate(xml_text: str, dialect: str | None = None, *,
             dialect = None
         which = detect_dialect(algo, dialect)
         part = partial if partial is not None else "node=" in algo.comment
-        _Checker(algo, which, part, out).check()
+        with collector_paused():
+            _Checker(algo, which, part, out).check()
     out.sort(key=lambda v: (v.line, v.rule))
     return out
 
@@ -257,77 +249,92 @@ class _Checker:
 
     def steps(self, g: Gpu, tb: Tb, by_id: dict[int, Tb],
               depended: dict[tuple[int, int], int]) -> None:
-        d, limit = self.dialect, self.rt.max_steps
+        d, limit, max_cnt = self.dialect, self.rt.max_steps, layout.MAX_CNT
         writes_input_bad = (self.algo.attrs.get("inplace", "0") == "0" if self.rt.legacy
                             else self.algo.attrs.get("outofplace") == "1")
-        last = len(tb.steps) - 1
-        for pos, st in enumerate(tb.steps):
-            def bad(rule: str, msg: str, st: Step = st) -> None:
-                self.bad(st.line, rule, msg, g.id, tb.id, st.s)
+        sizes = {"i": g.i_chunks, "o": g.o_chunks, "s": g.s_chunks}
+        steps = tb.steps
+        last = len(steps) - 1
 
+        def bad(st: Step, rule: str, msg: str) -> None:
+            self.bad(st.line, rule, msg, g.id, tb.id, st.s)
+
+        for pos, st in enumerate(steps):
+            t = st.type
             if st.s != pos:
-                bad("step", f"s={st.s} but this is step {pos} of the threadblock (s counts every "
-                    "step, nops included, in document order)")
+                bad(st, "step", f"s={st.s} but this is step {pos} of the threadblock (s counts "
+                    "every step, nops included, in document order)")
             if pos >= limit:
-                bad("step", f"step {pos}: the {d} runtime allows {limit} steps per threadblock")
-            if st.type not in STEP_TYPES:
-                bad("type", f"type={st.type!r} is not one of {', '.join(STEP_TYPES)}")
+                bad(st, "step", f"step {pos}: the {d} runtime allows {limit} steps per "
+                    "threadblock")
+            if t not in STEP_TYPES:
+                bad(st, "type", f"type={t!r} is not one of {', '.join(STEP_TYPES)}")
                 continue
-            if st.type == "nop":
-                if not 0 <= st.cnt <= layout.MAX_CNT:
-                    bad("cnt", f"cnt={st.cnt} must be in 0..{layout.MAX_CNT}")
-            elif not 1 <= st.cnt <= layout.MAX_CNT:
-                bad("cnt", f"cnt={st.cnt} must be in 1..{layout.MAX_CNT}")
-            for buf, off, used in ((st.srcbuf, st.srcoff, st.type in READS_SRC),
-                                   (st.dstbuf, st.dstoff, st.type in WRITES_DST)):
-                if buf not in BUFFERS:
-                    bad("offset", f"buffer {buf!r} is not one of i, o, s")
-                    continue
-                size = g.size(buf)
-                if off < -1 or (off >= max(size, 0) and off != -1):
-                    bad("offset", f"offset {off} into {buf} must be in -1..{size - 1}")
-                elif used and (off < 0 or off + st.cnt > size):
-                    bad("offset", f"{st.type} uses {buf}[{off}..{off + st.cnt - 1}] outside the "
-                        f"{size} chunk(s) of {buf}")
-            if st.type in WRITES_DST and st.dstbuf == "i" and writes_input_bad:
-                bad("input", f"{st.type} writes the input buffer i, which an out-of-place call "
+            if t == "nop":
+                if not 0 <= st.cnt <= max_cnt:
+                    bad(st, "cnt", f"cnt={st.cnt} must be in 0..{max_cnt}")
+            elif not 1 <= st.cnt <= max_cnt:
+                bad(st, "cnt", f"cnt={st.cnt} must be in 1..{max_cnt}")
+            for buf, off, used in ((st.srcbuf, st.srcoff, t in READS_SRC),
+                                   (st.dstbuf, st.dstoff, t in WRITES_DST)):
+                size = sizes.get(buf)
+                if size is None or not ((off == -1 or 0 <= off < size)
+                                        and (not used or 0 <= off <= size - st.cnt)):
+                    self.offset(st, buf, off, used, sizes, bad)
+            if t in WRITES_DST and st.dstbuf == "i" and writes_input_bad:
+                bad(st, "input", f"{t} writes the input buffer i, which an out-of-place call "
                     "must leave intact")
-            if st.type in SENDS and tb.send < 0:
-                bad("send", f"{st.type} sends but the threadblock has send=-1")
-            if st.type in RECVS and tb.recv < 0:
-                bad("recv", f"{st.type} receives but the threadblock has recv=-1")
-            if st.hasdep not in (0, 1):
-                bad("hasdep", f"hasdep={st.hasdep} must be 0 or 1")
-            self.dependency(g, tb, st, by_id, depended, bad)
-            if st.type == "nop":
-                nxt = tb.steps[pos + 1] if pos < last else None
+            if t in SENDS and tb.send < 0:
+                bad(st, "send", f"{t} sends but the threadblock has send=-1")
+            if t in RECVS and tb.recv < 0:
+                bad(st, "recv", f"{t} receives but the threadblock has recv=-1")
+            if st.hasdep != 0 and st.hasdep != 1:
+                bad(st, "hasdep", f"hasdep={st.hasdep} must be 0 or 1")
+            if st.depid != -1 or st.deps != -1 or t == "nop":
+                self.dependency(g, tb, st, by_id, depended, bad)
+            if t == "nop":
+                nxt = steps[pos + 1] if pos < last else None
                 if nxt is None:
-                    bad("nop", "a nop ends the threadblock; a nop chain must end in a real step")
+                    bad(st, "nop", "a nop ends the threadblock; a nop chain must end in a real "
+                        "step")
                 elif nxt.type != "nop" and nxt.depid < 0:
                     self.bad(nxt.line, "nop", "a real step after nop(s) must itself have a "
                              "dependency (the parser folds the nops into it)", g.id, tb.id, nxt.s)
 
+    @staticmethod
+    def offset(st: Step, buf: str, off: int, used: bool, sizes: dict[str, int],
+               bad: Callable[[Step, str, str], None]) -> None:
+        size = sizes.get(buf)
+        if size is None:
+            bad(st, "offset", f"buffer {buf!r} is not one of i, o, s")
+        elif off < -1 or (off >= max(size, 0) and off != -1):
+            bad(st, "offset", f"offset {off} into {buf} must be in -1..{size - 1}")
+        elif used and (off < 0 or off + st.cnt > size):
+            bad(st, "offset", f"{st.type} uses {buf}[{off}..{off + st.cnt - 1}] outside the "
+                f"{size} chunk(s) of {buf}")
+
     def dependency(self, g: Gpu, tb: Tb, st: Step, by_id: dict[int, Tb],
-                   depended: dict[tuple[int, int], int], bad: Callable[[str, str], None]) -> None:
+                   depended: dict[tuple[int, int], int],
+                   bad: Callable[[Step, str, str], None]) -> None:
         if st.depid == -1 and st.deps == -1:
             if st.type == "nop":
-                bad("nop", "a nop without a dependency does nothing")
+                bad(st, "nop", "a nop without a dependency does nothing")
             return
         if st.depid < 0 or st.deps < 0:
-            bad("dep", f"depid={st.depid} deps={st.deps}: both must be -1 or both >= 0")
+            bad(st, "dep", f"depid={st.depid} deps={st.deps}: both must be -1 or both >= 0")
             return
         target = by_id.get(st.depid)
         if st.depid > self.rt.max_depid:
-            bad("dep", f"depid={st.depid}: the runtimes store depid in an int8_t, so it wraps "
-                f"to {layout.stored_depid(st.depid)} and the step waits on the wrong "
+            bad(st, "dep", f"depid={st.depid}: the runtimes store depid in an int8_t, so it "
+                f"wraps to {layout.stored_depid(st.depid)} and the step waits on the wrong "
                 f"threadblock (at most {self.rt.max_depid})")
         elif target is None:
-            bad("dep", f"depid={st.depid} is not a threadblock of gpu {g.id}")
+            bad(st, "dep", f"depid={st.depid} is not a threadblock of gpu {g.id}")
         elif st.depid == tb.id:
-            bad("dep", "depends on its own threadblock (steps already run in order; a later "
-                "step would hang)")
+            bad(st, "dep", "depends on its own threadblock (steps already run in order; a "
+                "later step would hang)")
         elif st.deps >= len(target.steps):
-            bad("dep", f"deps={st.deps} but tb {st.depid} has {len(target.steps)} steps")
+            bad(st, "dep", f"deps={st.deps} but tb {st.depid} has {len(target.steps)} steps")
         else:
             depended.setdefault((st.depid, st.deps), st.line)
 
@@ -366,6 +373,9 @@ class _Checker:
             self.bad(tb.line, "match", f"gpu {src} sends {len(sends)} message(s) to gpu {dst} on "
                      f"channel {chan} but gpu {dst} receives {len(recvs)}", g, tb.id)
         for k, ((_gs, ts, ss), (gr, tr, sr)) in enumerate(zip(sends, recvs, strict=False)):
+            if ss.cnt == sr.cnt and (ss.type != "s" or sr.type not in _STORES or ss.dstoff < 0
+                                     or (ss.dstbuf == sr.dstbuf and ss.dstoff == sr.dstoff)):
+                continue
             here = f"gpu {gr} tb {tr.id} step {sr.s} (line {sr.line})"
             if ss.cnt != sr.cnt:
                 self.bad(ss.line, "match", f"message #{k} to gpu {dst} on channel {chan} has "
@@ -380,64 +390,82 @@ class _Checker:
 
     # ---- wait cycles -------------------------------------------------------------------------
     def cycles(self) -> None:
-        """Steps wait for their predecessor, their dependency and (receives) their send."""
-        nodes: list[_Node] = []
-        base: dict[tuple[int, int], tuple[int, int]] = {}  # (gpu, tb) -> first node, steps
+        """Steps wait for their predecessor, their dependency and (receives) their send.
+
+        Nodes are steps numbered in document order, so a step's predecessor is the node
+        before it unless it opens its threadblock; only the other waits are stored."""
+        ranges: list[tuple[int, Gpu, Tb]] = []  # (first node, gpu, tb) in document order
+        base: dict[tuple[int, int], tuple[int, int]] = {}  # (gpu, tb id) -> first node, steps
+        total = 0
         for g in self.algo.gpus:
             for tb in g.tbs:
-                base[(g.id, tb.id)] = (len(nodes), len(tb.steps))
-                nodes.extend(_Node(g.id, tb.id, st.s, st.line) for st in tb.steps)
-        succs: list[list[int]] = [[] for _ in nodes]
-        indeg = [0] * len(nodes)
-        sends: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-        recvs: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-        for g in self.algo.gpus:
-            for tb in g.tbs:
-                first = base[(g.id, tb.id)][0]
-                for pos, st in enumerate(tb.steps):
-                    me = first + pos
-                    if pos:
-                        succs[me - 1].append(me)
+                ranges.append((total, g, tb))
+                base[(g.id, tb.id)] = (total, len(tb.steps))
+                total += len(tb.steps)
+        opens = bytearray(total + 1)  # 1 where a node has no predecessor in its threadblock
+        waits: defaultdict[int, list[int]] = defaultdict(list)  # node -> nodes waiting on it
+        indeg = [1] * total
+        sends: defaultdict[tuple[int, int, int], list[int]] = defaultdict(list)
+        recvs: defaultdict[tuple[int, int, int], list[int]] = defaultdict(list)
+        for first, g, tb in ranges:
+            if tb.steps:
+                opens[first] = 1
+                indeg[first] = 0
+            sending, receiving = tb.send >= 0, tb.recv >= 0
+            for me, st in enumerate(tb.steps, first):
+                if st.depid >= 0:
+                    dep_first, dep_len = base.get((g.id, st.depid), (0, 0))
+                    if 0 <= st.deps < dep_len:
+                        waits[dep_first + st.deps].append(me)
                         indeg[me] += 1
-                    if st.depid >= 0:
-                        dep_first, dep_len = base.get((g.id, st.depid), (0, 0))
-                        if 0 <= st.deps < dep_len:
-                            succs[dep_first + st.deps].append(me)
-                            indeg[me] += 1
-                    if st.type in SENDS and tb.send >= 0:
-                        sends[(g.id, tb.send, tb.chan)].append(me)
-                    if st.type in RECVS and tb.recv >= 0:
-                        recvs[(tb.recv, g.id, tb.chan)].append(me)
+                if sending and st.type in SENDS:
+                    sends[(g.id, tb.send, tb.chan)].append(me)
+                if receiving and st.type in RECVS:
+                    recvs[(tb.recv, g.id, tb.chan)].append(me)
         for key, rs in recvs.items():
             for s, r in zip(sends.get(key, ()), rs, strict=False):
-                succs[s].append(r)
+                waits[s].append(r)
                 indeg[r] += 1
+        opens[total] = 1
         ready = [v for v, d in enumerate(indeg) if d == 0]
         done = 0
         while ready:
             v = ready.pop()
             done += 1
-            for w in succs[v]:
+            if not opens[v + 1]:
+                indeg[v + 1] -= 1
+                if not indeg[v + 1]:
+                    ready.append(v + 1)
+            for w in waits.get(v, ()):
                 indeg[w] -= 1
-                if indeg[w] == 0:
+                if not indeg[w]:
                     ready.append(w)
-        if done == len(nodes):
+        if done == total:
             return
         left = {v for v, d in enumerate(indeg) if d > 0}
-        preds: list[list[int]] = [[] for _ in nodes]
-        for v, ws in enumerate(succs):
+        preds: defaultdict[int, list[int]] = defaultdict(list)
+        for v, ws in waits.items():
             for w in ws:
                 preds[w].append(v)
+        for v in left:
+            if not opens[v]:
+                preds[v].append(v - 1)
+            preds[v].sort()
         cycle = _find_cycle(left, preds)
-        shown = " <- ".join(f"gpu {nodes[v].gpu} tb {nodes[v].tb} step {nodes[v].step}"
-                            for v in cycle[:8])
-        first_node = nodes[cycle[0]]
-        self.bad(first_node.line, "cycle", f"{len(left)} step(s) wait on each other in a cycle "
-                 f"and never run: {shown}{' ...' if len(cycle) > 8 else ''}", first_node.gpu,
-                 first_node.tb, first_node.step)
+        starts = [first for first, _g, _tb in ranges]
+
+        def where(v: int) -> tuple[int, Tb, Step]:
+            first, g, tb = ranges[bisect_right(starts, v) - 1]
+            return g.id, tb, tb.steps[v - first]
+
+        shown = " <- ".join(f"gpu {gid} tb {tb.id} step {st.s}"
+                            for gid, tb, st in map(where, cycle[:8]))
+        gid, tb, st = where(cycle[0])
+        self.bad(st.line, "cycle", f"{len(left)} step(s) wait on each other in a cycle and never "
+                 f"run: {shown}{' ...' if len(cycle) > 8 else ''}", gid, tb.id, st.s)
 
 
-def _find_cycle(left: set[int], preds: list[list[int]]) -> list[int]:
+def _find_cycle(left: set[int], preds: dict[int, list[int]]) -> list[int]:
     """Walk predecessors inside the stuck set until a node repeats."""
     v = min(left)
     seen: dict[int, int] = {}
