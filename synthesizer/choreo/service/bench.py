@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from concurrent import futures
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,81 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _floor_server(port: int, response: bytes, threads: int, stop_at: float) -> None:
+    """A gRPC server that answers every Synthesize call with one prebuilt response, on the
+    same thread pool and options as the service: what the transport alone costs a cache hit
+    on this machine."""
+    import grpc
+
+    from choreo.service.api import MAX_MESSAGE_BYTES, SERVICE
+
+    handler = grpc.method_handlers_generic_handler(SERVICE, {
+        "Synthesize": grpc.unary_unary_rpc_method_handler(
+            lambda _request, _context: response, request_deserializer=None,
+            response_serializer=None)})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads),
+                         options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                                  ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    server.wait_for_termination(timeout=max(0.0, stop_at - time.time()))
+    server.stop(0)
+
+
+def _drive_clients(address: str, kinds: list[str], ids: list[str], client_procs: int,
+                   seconds: float) -> list[tuple[str, float, str, bool]]:
+    """Run the closed-loop clients, spread over processes, for ``seconds``."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.time() + 8.0  # room for the client processes to start and connect
+    stop_at = start_at + seconds
+    shares = [list(range(len(kinds)))[p::client_procs] for p in range(client_procs)]
+    procs = [ctx.Process(target=_clients, args=(
+        share[0], [kinds[i] for i in share], address, ids, start_at, stop_at, out))
+        for share in shares if share]
+    for p in procs:
+        p.start()
+    results: list[tuple[str, float, str, bool]] = []
+    try:
+        for _ in procs:
+            results.extend(out.get(timeout=seconds + 900))
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return results
+
+
+def _floor(response: bytes, clients: int, client_procs: int, seconds: float,
+           threads: int) -> dict[str, float]:
+    """Cached-path latency and rate against ``_floor_server``, same clients, same response."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    server = ctx.Process(target=_floor_server,
+                         args=(port, response, threads, time.time() + seconds + 120))
+    server.start()
+    try:
+        _wait_serving_port(f"127.0.0.1:{port}")
+        results = _drive_clients(f"127.0.0.1:{port}", ["cached"] * clients, ["-"],
+                                 client_procs, seconds)
+    finally:
+        server.kill()
+        server.join()
+    lat = [r[1] for r in results if r[2] == "OK"]
+    return {"p50": _pct(lat, 0.5), "throughput": len(lat) / seconds,
+            "errors": len(results) - len(lat)}
+
+
+def _wait_serving_port(address: str, timeout: float = 60) -> None:
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+
+
 def _descendants(pid: int) -> list[int]:
     try:
         return [c.pid for c in psutil.Process(pid).children(recursive=True)]
@@ -181,6 +257,7 @@ def _pct(values: Sequence[float], q: float) -> float:
 def run(seconds: float, clients: int, fresh_clients: int, revalidate_clients: int,
         workers: int, cached: int, client_procs: int, console: Console) -> dict[str, Any]:
     from choreo.service.client import Client, open_channel
+    from choreo.service.server import rpc_threads
 
     port, metrics_port = _free_port(), _free_port()
     address = f"127.0.0.1:{port}"
@@ -205,6 +282,8 @@ def run(seconds: float, clients: int, fresh_clients: int, revalidate_clients: in
                 resp = client.synthesize(_request(f"cached-{k}", k), timeout=600)
                 first.append(time.perf_counter() - t0)
                 ids.append(resp.result_id)
+                if k == 0:
+                    floor_response = resp.SerializeToString()
             solo["fresh_alone"] = statistics.median(first)
             solo["bytes"] = resp.ByteSize()
             hits = []
@@ -225,26 +304,12 @@ def run(seconds: float, clients: int, fresh_clients: int, revalidate_clients: in
             solo["plain_cached_alone"] = statistics.median(plain_hits)
             solo["plain_bytes"] = resp.ByteSize()
 
-        ctx = mp.get_context("spawn")
-        out = ctx.Queue()
-        start_at = time.time() + 8.0  # room for the client processes to start and connect
-        stop_at = start_at + seconds
         kinds = (["fresh"] * fresh_clients + ["revalidate"] * revalidate_clients
                  + ["cached"] * (clients - fresh_clients - revalidate_clients))
-        shares = [list(range(clients))[p::client_procs] for p in range(client_procs)]
-        procs = [ctx.Process(target=_clients, args=(
-            share[0], [kinds[i] for i in share], address, ids, start_at, stop_at, out))
-            for share in shares if share]
-        for p in procs:
-            p.start()
         console.print(f"{clients} clients ({fresh_clients} fresh, {revalidate_clients} "
-                      f"revalidating, {kinds.count('cached')} cached) in {len(procs)} "
-                      f"process(es) for {seconds:g} s")
-        results: list[tuple[str, float, str, bool]] = []
-        for _ in procs:
-            results.extend(out.get(timeout=seconds + 900))
-        for p in procs:
-            p.join(timeout=30)
+                      f"revalidating, {kinds.count('cached')} cached) in "
+                      f"{min(client_procs, clients)} process(es) for {seconds:g} s")
+        results = _drive_clients(address, kinds, ids, client_procs, seconds)
     finally:
         stop_watch.set()
         if server.poll() is None:
@@ -254,6 +319,9 @@ def run(seconds: float, clients: int, fresh_clients: int, revalidate_clients: in
             except subprocess.TimeoutExpired:
                 os.kill(server.pid, signal.SIGKILL)
                 server.wait()
+    cached_clients = clients - fresh_clients - revalidate_clients
+    floor = (_floor(floor_response, cached_clients, client_procs, min(seconds, 15.0),
+                    rpc_threads(workers, clients)) if cached_clients else None)
     samples = [Sample(*r) for r in results]
     cached_lat = [s.latency for s in samples if s.kind == "cached" and s.code == "OK"]
     fresh_lat = [s.latency for s in samples if s.kind == "fresh" and s.code == "OK"]
@@ -279,6 +347,7 @@ def run(seconds: float, clients: int, fresh_clients: int, revalidate_clients: in
         "memory": {k: v for k, v in asdict(mem).items() if k != "samples"},
         "memory_last_quarter_vs_first": _drift(mem.samples),
         "alone": solo,
+        "transport_floor": floor,
         "exit_code": server.returncode,
     }
 
@@ -306,6 +375,15 @@ def report(r: dict[str, Any], console: Console) -> bool:
     rows = [
         Row("cached p50", _ms(c["p50"]), "<= 5 ms",
             f"one client alone: {_ms(a['cached_alone'])}", ok_p50),
+    ]
+    floor = r.get("transport_floor")
+    if floor:
+        rows.append(Row(
+            "cached p50, transport alone", _ms(floor["p50"]), "-",
+            f"a gRPC server answering the same {a['bytes'] / mib:.2f} MiB response from memory, "
+            f"same clients: {floor['throughput']:.0f} req/s (the service "
+            f"{r['cached_throughput']:.0f}/s)"))
+    rows += [
         Row("cached p99", _ms(c["p99"]), "-",
             f"plain-XML hit alone: {_ms(a['plain_cached_alone'])} "
             f"({a['plain_bytes'] / mib:.1f} MiB vs {a['bytes'] / mib:.2f} MiB gzip)"),

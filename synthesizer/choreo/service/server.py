@@ -37,6 +37,12 @@ log = logging.getLogger("choreo.service")
 SWITCH_INTERVAL = 0.0005  # seconds
 
 
+
+def rpc_threads(workers: int, queue: int) -> int:
+    """Threads serving RPCs: requests waiting for a worker hold one each; the 32 extra keep
+    cache hits, health checks and refusals answered while every worker is busy."""
+    return workers + queue + 32
+
 class ServerConfig(BaseSettings):
     """``choreo serve``'s settings: each one's flag, ``CHOREO_SERVE_*`` variable and default."""
 
@@ -105,12 +111,9 @@ class SynthesizerServer:
             ("grpc.max_connection_age_ms", 5 * 60 * 1000),
             ("grpc.max_connection_age_grace_ms", 10 * 60 * 1000),
         ]
-        # Requests waiting for a worker hold a thread; the extra threads keep cache hits,
-        # health checks and refusals answered while every worker is busy.
-        threads = cfg.workers + cfg.queue + 32
-        self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=threads,
-                                                           thread_name_prefix="choreo-rpc"),
-                                options=options)
+        pool = futures.ThreadPoolExecutor(max_workers=rpc_threads(cfg.workers, cfg.queue),
+                                          thread_name_prefix="choreo-rpc")
+        self.grpc = grpc.server(pool, options=options)
         self.grpc.add_generic_rpc_handlers((self.servicer.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         if cfg.reflection:
