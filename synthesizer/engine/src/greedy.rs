@@ -14,9 +14,12 @@
 //! closer (in hops) to a destination that still lacks it; relay transfers whose chunk is never
 //! forwarded are pruned at the end so that every transfer is useful.
 
-use std::cmp::Ordering;
+use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+
+use rustc_hash::FxHashMap;
 
 use crate::bitset::{cyclic_find, BitMatrix};
 
@@ -101,25 +104,61 @@ struct Event {
     epoch: u32,
 }
 
-impl PartialEq for Event {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
+/// `t` as an integer in the same order as `f64::total_cmp`.
+fn time_key(t: f64) -> u64 {
+    let bits = t.to_bits();
+    if bits >> 63 == 1 { !bits } else { bits | 1 << 63 }
 }
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
+
+fn key_time(key: u64) -> f64 {
+    f64::from_bits(if key >> 63 == 1 { key & !(1 << 63) } else { !key })
 }
-impl Ord for Event {
-    // Reversed: BinaryHeap is a max-heap and we want the earliest event first.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .time
-            .total_cmp(&self.time)
-            .then_with(|| other.kind.cmp(&self.kind))
-            .then_with(|| other.id.cmp(&self.id))
+
+/// Pending events grouped by instant: a heap of distinct instants over per-instant lists.
+/// On uniform fabrics thousands of events share an instant (every link frees at once), so
+/// the heap orders instants, not events, and each instant's list is sorted once, when due.
+#[derive(Default)]
+struct Agenda {
+    instants: BinaryHeap<Reverse<u64>>,
+    at: FxHashMap<u64, Vec<Event>>,
+    spare: Vec<Vec<Event>>,
+}
+
+impl Agenda {
+    fn push(&mut self, e: Event) {
+        let key = time_key(e.time);
+        match self.at.entry(key) {
+            Entry::Occupied(mut list) => list.get_mut().push(e),
+            Entry::Vacant(slot) => {
+                let mut list = self.spare.pop().unwrap_or_default();
+                list.push(e);
+                slot.insert(list);
+                self.instants.push(Reverse(key));
+            }
+        }
+    }
+
+    fn next_time(&self) -> Option<f64> {
+        self.instants.peek().map(|&Reverse(key)| key_time(key))
+    }
+
+    /// Moves every event due at or before `horizon` into `out`, earliest first, then by
+    /// kind (arrivals first) and id: the order a heap of single events would pop them in.
+    fn take_until(&mut self, horizon: f64, out: &mut Vec<Event>) {
+        while let Some(&Reverse(key)) = self.instants.peek() {
+            if key_time(key) > horizon {
+                break;
+            }
+            self.instants.pop();
+            let mut list = self.at.remove(&key).unwrap_or_default();
+            if out.is_empty() {
+                std::mem::swap(out, &mut list);
+            } else {
+                out.append(&mut list);
+            }
+            self.spare.push(list);
+        }
+        out.sort_unstable_by_key(|e| (time_key(e.time), (e.kind as u64) << 32 | u64::from(e.id)));
     }
 }
 
@@ -158,7 +197,7 @@ struct State<'a> {
     link_order_key: Vec<f64>,
     out_links: Vec<Vec<u32>>,
     classes: Vec<(usize, usize)>,
-    events: BinaryHeap<Event>,
+    events: Agenda,
     remaining: usize,
     relays: bool,
     hops: Vec<HopTable>,
@@ -648,7 +687,7 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
         link_order_key,
         out_links,
         classes: class_ranges(p)?,
-        events: BinaryHeap::new(),
+        events: Agenda::default(),
         remaining: 0,
         relays,
         hops: if relays { hop_tables(p) } else { Vec::new() },
@@ -674,6 +713,7 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
     }
     let mut now = 0.0f64;
     let mut arrivals: Vec<u32> = Vec::new();
+    let mut due: Vec<Event> = Vec::new();
     while st.remaining > 0 {
         // Match every ready link at `now`, cheapest first, random among equals.
         st.rng.shuffle(&mut ready);
@@ -694,7 +734,7 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
             break;
         }
         // Advance to the next instant and apply everything that happens then.
-        let Some(first) = st.events.pop() else {
+        let Some(first_time) = st.events.next_time() else {
             // Nothing in flight and chunks still missing: the preferences (exclusivity, fast
             // islands) held every link back. Drop them and match the idle links again; plain
             // matching with hop-wise relays always progresses on a connected graph.
@@ -708,14 +748,14 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
             }
             return Err(unreachable_report(&st));
         };
-        now = first.time;
+        now = first_time;
         if now > bar.get() {
             return Ok(None);
         }
         let horizon = now + 1e-12 * now.abs().max(1e-9);
-        let mut ev = Some(first);
+        st.events.take_until(horizon, &mut due);
         arrivals.clear();
-        while let Some(e) = ev {
+        for e in due.drain(..) {
             now = now.max(e.time);
             match e.kind {
                 Kind::Arrival => {
@@ -742,10 +782,6 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
                     }
                 }
             }
-            ev = match st.events.peek() {
-                Some(next) if next.time <= horizon => st.events.pop(),
-                _ => None,
-            };
         }
         for &v in &arrivals {
             for &link in &st.out_links[v as usize] {
@@ -863,6 +899,37 @@ mod tests {
     use super::*;
 
     const OPT: Options = Options { seed: 7, replacement: true, exclusive: true };
+
+    #[test]
+    fn the_agenda_hands_out_instants_in_time_kind_id_order() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        let kinds = [Kind::Arrival, Kind::Available, Kind::LinkFree];
+        let mut events: Vec<Event> = (0..2000u32)
+            .map(|id| Event {
+                // few distinct instants, some a hair apart (one batch), some far apart
+                time: f64::from(rng.u32(1..20)) * 1e-3 + f64::from(rng.u32(0..2)) * 1e-17,
+                kind: kinds[rng.usize(0..3)],
+                id,
+                epoch: 0,
+            })
+            .collect();
+        let mut agenda = Agenda::default();
+        for &e in &events {
+            agenda.push(e);
+        }
+        let mut popped = Vec::new();
+        let mut due = Vec::new();
+        while let Some(t) = agenda.next_time() {
+            agenda.take_until(t + 1e-12 * t, &mut due);
+            assert!(due.iter().all(|e| e.time <= t + 1e-12 * t));
+            popped.extend(due.drain(..).map(|e| (e.time, e.kind, e.id)));
+        }
+        events.sort_by(|a, b| {
+            a.time.total_cmp(&b.time).then(a.kind.cmp(&b.kind)).then(a.id.cmp(&b.id))
+        });
+        let expected: Vec<_> = events.iter().map(|e| (e.time, e.kind, e.id)).collect();
+        assert_eq!(popped, expected);
+    }
 
     /// AllGather over `links` among all `n` nodes, one chunk per node of `bytes`.
     fn allgather(n: usize, links: &[(u32, u32, f64)], bytes: f64) -> Problem {
