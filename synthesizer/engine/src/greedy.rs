@@ -145,6 +145,7 @@ impl Agenda {
     /// Moves every event due at or before `horizon` into `out`, earliest first, then by
     /// kind (arrivals first) and id: the order a heap of single events would pop them in.
     fn take_until(&mut self, horizon: f64, out: &mut Vec<Event>) {
+        let mut instants = 0;
         while let Some(&Reverse(key)) = self.instants.peek() {
             if key_time(key) > horizon {
                 break;
@@ -157,8 +158,14 @@ impl Agenda {
                 out.append(&mut list);
             }
             self.spare.push(list);
+            instants += 1;
         }
-        out.sort_unstable_by_key(|e| (time_key(e.time), (e.kind as u64) << 32 | u64::from(e.id)));
+        let kind_id = |e: &Event| (e.kind as u64) << 32 | u64::from(e.id);
+        if instants == 1 {
+            out.sort_unstable_by_key(kind_id);
+        } else {
+            out.sort_unstable_by_key(|e| (time_key(e.time), kind_id(e)));
+        }
     }
 }
 
@@ -187,6 +194,8 @@ struct State<'a> {
     need: BitMatrix,
     want: BitMatrix,
     inflight: BitMatrix,
+    /// `have | inflight`: a node holds the chunk or has it on the way.
+    covered: BitMatrix,
     have_time: Vec<f64>,
     inflight_tx: Vec<u32>,
     holders: Vec<u32>,
@@ -226,6 +235,7 @@ impl<'a> State<'a> {
             return false;
         }
         self.have.set(node, chunk);
+        self.covered.set(node, chunk);
         self.holders[chunk] += 1;
         if self.replacement {
             self.have_time[node * self.k + chunk] = time;
@@ -262,7 +272,7 @@ impl<'a> State<'a> {
                 let from = self.rng.usize(lo..hi);
                 // Masks are computed word by word during the scan: the scan usually stops
                 // after a few words, so most of a large row is never touched.
-                let (have, need, inflight) = (&self.have, &self.need, &self.inflight);
+                let (have, need, covered) = (&self.have, &self.need, &self.covered);
                 let island = &self.faster_in[link];
                 let near: &[u32] = if self.exclusive && pass == 0 { &self.in_nodes[v] } else { &[] };
                 let exclusive = self.exclusive;
@@ -274,13 +284,11 @@ impl<'a> State<'a> {
                     let mut elsewhere = 0u64;
                     for &w in island.iter().chain(near.iter()) {
                         if w as usize != u {
-                            elsewhere |= have.word(w as usize, x) | inflight.word(w as usize, x);
+                            elsewhere |= covered.word(w as usize, x);
                         }
                     }
                     candidates & !elsewhere
                 };
-                // A slow link (one with a fast island) is scarce: spend it on the chunk held by
-                // the fewest nodes, which has the most destinations left to reach.
                 // Prefer the chunk held by the fewest nodes: it has the most destinations left,
                 // so sending it first keeps the pipeline of far-travelling chunks full. A slow
                 // link (one with a fast island) is scarce and compares every candidate; other
@@ -313,6 +321,7 @@ impl<'a> State<'a> {
             self.need.clear(v, chunk);
         }
         self.inflight.set(v, chunk);
+        self.covered.set(v, chunk);
         if self.replacement {
             self.inflight_tx[v * self.k + chunk] = tx;
         }
@@ -361,6 +370,9 @@ impl<'a> State<'a> {
         let u = self.p.link_src[link] as usize;
         let old_chunk = t.chunk as usize;
         self.inflight.clear(v, old_chunk);
+        if !self.have.get(v, old_chunk) {
+            self.covered.clear(v, old_chunk);
+        }
         self.inflight_tx[v * self.k + old_chunk] = NONE;
         if self.want.get(v, old_chunk) {
             self.need.set(v, old_chunk);
@@ -380,6 +392,7 @@ impl<'a> State<'a> {
                 self.transfers[old].chunk = c as u32;
                 self.need.clear(v, c);
                 self.inflight.set(v, c);
+                self.covered.set(v, c);
                 self.inflight_tx[v * self.k + c] = old as u32;
             }
             None => {
@@ -396,8 +409,8 @@ impl<'a> State<'a> {
     /// A chunk `v` does not need itself but brings closer to a destination that lacks it.
     fn relay(&mut self, u: usize, v: usize) -> Option<usize> {
         let from = self.rng.usize(0..self.k);
-        let (have, inflight, want) = (&self.have, &self.inflight, &self.want);
-        let word = |x| have.word(u, x) & !have.word(v, x) & !inflight.word(v, x) & !want.word(v, x);
+        let (have, covered, want) = (&self.have, &self.covered, &self.want);
+        let word = |x| have.word(u, x) & !covered.word(v, x) & !want.word(v, x);
         cyclic_find(0, self.k, from, word, |c| self.useful_relay(u, v, c))
     }
 
@@ -405,7 +418,7 @@ impl<'a> State<'a> {
         self.targets(chunk).iter().any(|&d| {
             let d = d as usize;
             let closer = self.hop(chunk, v, d) < self.hop(chunk, u, d);
-            closer && !self.have.get(d, chunk) && !self.inflight.get(d, chunk)
+            closer && !self.covered.get(d, chunk)
         })
     }
 
@@ -676,11 +689,13 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
         need: want.clone(),
         want,
         inflight: BitMatrix::new(n, k),
+        covered: BitMatrix::new(n, k),
         // Per (node, chunk) arrival times and carriers matter only for chunk replacement.
         have_time: vec![f64::INFINITY; if replacement { n * k } else { 0 }],
         inflight_tx: vec![NONE; if replacement { n * k } else { 0 }],
         holders: vec![0; k],
-        transfers: Vec::new(),
+        // Every delivery is one transfer at least: no doubling copies of a long list.
+        transfers: Vec::with_capacity(p.target_node.len()),
         link_free_at: p.link_free_at.clone(),
         link_epoch: vec![0; l],
         link_idle: vec![false; l],
@@ -711,13 +726,17 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
             st.occupy(i, st.link_free_at[i]);
         }
     }
+    // A stable sort by equal costs keeps the shuffled order: skip it on uniform fabrics.
+    let costs_differ = st.link_order_key.iter().any(|&c| c != st.link_order_key[0]);
     let mut now = 0.0f64;
     let mut arrivals: Vec<u32> = Vec::new();
     let mut due: Vec<Event> = Vec::new();
     while st.remaining > 0 {
         // Match every ready link at `now`, cheapest first, random among equals.
         st.rng.shuffle(&mut ready);
-        ready.sort_by(|a, b| st.link_order_key[*a as usize].total_cmp(&st.link_order_key[*b as usize]));
+        if costs_differ {
+            ready.sort_by(|a, b| st.link_order_key[*a as usize].total_cmp(&st.link_order_key[*b as usize]));
+        }
         let mut i = 0;
         while i < ready.len() {
             let link = ready[i] as usize;
