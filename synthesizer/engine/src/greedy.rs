@@ -277,17 +277,21 @@ impl<'a> State<'a> {
                 let near: &[u32] = if self.exclusive && pass == 0 { &self.in_nodes[v] } else { &[] };
                 let exclusive = self.exclusive;
                 let word = |x: usize| {
-                    let candidates = have.word(u, x) & need.word(v, x);
-                    if candidates == 0 || !exclusive {
+                    let mut candidates = have.word(u, x) & need.word(v, x);
+                    if !exclusive {
                         return candidates;
                     }
-                    let mut elsewhere = 0u64;
-                    for &w in island.iter().chain(near.iter()) {
-                        if w as usize != u {
-                            elsewhere |= covered.word(w as usize, x);
+                    for rivals in [island, near] {
+                        for &w in rivals {
+                            if candidates == 0 {
+                                return 0;
+                            }
+                            if w as usize != u {
+                                candidates &= !covered.word(w as usize, x);
+                            }
                         }
                     }
-                    candidates & !elsewhere
+                    candidates
                 };
                 // Prefer the chunk held by the fewest nodes: it has the most destinations left,
                 // so sending it first keeps the pipeline of far-travelling chunks full. A slow
