@@ -206,6 +206,10 @@ GOOD_HEAD = ('<algo name="x" proto="Simple" nchannels="1" nchunksperloop="2" ngp
      'cnt="1" depid="-1" deps="-1" hasdep="0"/></tb></gpu></algo>', "attr", 4, "srcoff"),
     (GOOD_HEAD + '\n<gpu id="0" i_chunks="1" o_chunks="2" s_chunks="0"><banana/></gpu></algo>',
      "structure", 2, "<banana>"),
+    ('<step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" '
+     'deps="-1" hasdep="0"/>', "structure", 1, "as the document element"),
+    (GOOD_HEAD + '\n<step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" '
+     'depid="-1" deps="-1" hasdep="0"/></algo>', "structure", 2, "inside <algo>"),
 ])
 def test_malformed_input_is_located(text: str, rule: str, line: int, needle: str) -> None:
     found = [v for v in validate(text) if v.rule == rule]

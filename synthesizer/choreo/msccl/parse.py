@@ -144,7 +144,8 @@ class _Reader:
                          f"at most {MAX_ATTR_LEN} are kept", step=step)
 
     def start(self, tag: str, attrs: dict[str, str]) -> None:
-        if tag == "step" and len(attrs) == len(STEP_ATTRS) and self.stack[-1] == "tb":
+        if (tag == "step" and len(attrs) == len(STEP_ATTRS) and self.stack
+                and self.stack[-1] == "tb"):
             try:  # ten attributes, each one of the ten names: nothing else to check
                 k, b = self.plain, _PLAIN_BUFFERS
                 step = Step(k[attrs["s"]], _PLAIN_TYPES[attrs["type"]], b[attrs["srcbuf"]],
