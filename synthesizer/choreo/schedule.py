@@ -100,15 +100,21 @@ class Schedule:
                         meta=dict(self.meta), **cols)
 
     def sorted(self) -> Schedule:
-        """Transfers ordered by start time, then end time (stable)."""
-        order = np.lexsort((self.end, self.start))
+        """Transfers ordered by start time, then end time (stable); this schedule itself when
+        they already are, as a matcher's plan usually is (a linear check spares the sort)."""
+        start, end = self.start, self.end
+        if bool(np.all((start[1:] > start[:-1])
+                       | ((start[1:] == start[:-1]) & (end[1:] >= end[:-1])))):
+            return self
+        order = np.lexsort((end, start))
         return self.select(order)
 
     @staticmethod
     def concat(parts: list[Schedule], engine: str | None = None) -> Schedule:
         """Join schedules on the same fabric and demands (for example the phases of AllReduce)."""
         first = parts[0]
-        cols = {name: np.concatenate([getattr(p, name) for p in parts]) for name in COLUMNS}
+        cols = {name: (getattr(first, name) if len(parts) == 1 else
+                       np.concatenate([getattr(p, name) for p in parts])) for name in COLUMNS}
         return Schedule(first.fabric, first.topology, first.demands,
                         engine=engine or first.engine, meta=dict(first.meta), **cols)
 

@@ -238,3 +238,17 @@ def test_conditions_match_demand(collective: Collective) -> None:
     got = sorted(zip(pc.tolist(), pr.tolist(), strict=True))
     want = sorted((c, r) for c in chunks for r in d.destinations(c))
     assert got == want
+
+
+def test_sorted_orders_by_start_then_end_and_returns_an_ordered_schedule_itself() -> None:
+    s = ring_allgather(4)
+    assert s.sorted() is s  # built step by step: already in order
+    shuffled = s.select(np.random.default_rng(1).permutation(len(s)))
+    again = shuffled.sorted()
+    assert again is not shuffled
+    assert np.array_equal(again.start, s.start) and np.array_equal(again.end, s.end)
+    assert verify(again).ok
+    late_first = edit(s, 0, end=s.end[0] * 3)  # ties on start: the later end goes after
+    ordered = late_first.sorted()
+    assert ordered is not late_first
+    assert ordered.end[0] == s.end[1] and ordered.end[len(s) // 3 - 1] == s.end[0] * 3
