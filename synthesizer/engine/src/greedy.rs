@@ -178,6 +178,13 @@ struct Transfer {
     cancelled: bool,
 }
 
+/// Per node, the chunks its in-neighbours cover, counted up to two.
+struct Rivals {
+    out_nodes: Vec<Vec<u32>>,
+    once: BitMatrix,
+    twice: BitMatrix,
+}
+
 const NONE: u32 = u32::MAX;
 /// Candidates a fast link compares when looking for the rarest chunk.
 const RAREST_SAMPLE: usize = 8;
@@ -196,6 +203,9 @@ struct State<'a> {
     inflight: BitMatrix,
     /// `have | inflight`: a node holds the chunk or has it on the way.
     covered: BitMatrix,
+    /// Where `covered` only grows (no chunk replacement): per node, the chunks that one /
+    /// two or more of its in-neighbours cover, so the exclusive test reads one row.
+    rivals: Option<Rivals>,
     have_time: Vec<f64>,
     inflight_tx: Vec<u32>,
     holders: Vec<u32>,
@@ -235,7 +245,7 @@ impl<'a> State<'a> {
             return false;
         }
         self.have.set(node, chunk);
-        self.covered.set(node, chunk);
+        self.cover(node, chunk);
         self.holders[chunk] += 1;
         if self.replacement {
             self.have_time[node * self.k + chunk] = time;
@@ -253,6 +263,23 @@ impl<'a> State<'a> {
             self.remaining -= 1;
         }
         true
+    }
+
+    fn cover(&mut self, node: usize, chunk: usize) {
+        if self.covered.get(node, chunk) {
+            return;
+        }
+        self.covered.set(node, chunk);
+        if let Some(r) = &mut self.rivals {
+            for &v in &r.out_nodes[node] {
+                let v = v as usize;
+                if r.once.get(v, chunk) {
+                    r.twice.set(v, chunk);
+                } else {
+                    r.once.set(v, chunk);
+                }
+            }
+        }
     }
 
     /// A chunk `u` holds that `v` needs, from the highest priority class that has one.
@@ -276,10 +303,19 @@ impl<'a> State<'a> {
                 let island = &self.faster_in[link];
                 let near: &[u32] = if self.exclusive && pass == 0 { &self.in_nodes[v] } else { &[] };
                 let exclusive = self.exclusive;
+                // Every candidate is covered by `u` itself, so "no other in-neighbour covers
+                // it" is "fewer than two do".
+                let counted = match &self.rivals {
+                    Some(r) if island.is_empty() && !near.is_empty() => Some(&r.twice),
+                    _ => None,
+                };
                 let word = |x: usize| {
                     let mut candidates = have.word(u, x) & need.word(v, x);
                     if !exclusive {
                         return candidates;
+                    }
+                    if let Some(twice) = counted {
+                        return candidates & !twice.word(v, x);
                     }
                     for rivals in [island, near] {
                         for &w in rivals {
@@ -325,7 +361,7 @@ impl<'a> State<'a> {
             self.need.clear(v, chunk);
         }
         self.inflight.set(v, chunk);
-        self.covered.set(v, chunk);
+        self.cover(v, chunk);
         if self.replacement {
             self.inflight_tx[v * self.k + chunk] = tx;
         }
@@ -396,7 +432,7 @@ impl<'a> State<'a> {
                 self.transfers[old].chunk = c as u32;
                 self.need.clear(v, c);
                 self.inflight.set(v, c);
-                self.covered.set(v, c);
+                self.cover(v, c);
                 self.inflight_tx[v * self.k + c] = old as u32;
             }
             None => {
@@ -656,11 +692,13 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
     let (n, k, l) = (p.num_nodes, p.chunk_tenant.len(), p.link_src.len());
     let mut out_links = vec![Vec::new(); n];
     let mut in_nodes: Vec<Vec<u32>> = vec![Vec::new(); n];
+    let mut out_nodes: Vec<Vec<u32>> = vec![Vec::new(); n];
     for (i, &s) in p.link_src.iter().enumerate() {
         out_links[s as usize].push(i as u32);
         let d = p.link_dst[i] as usize;
         if !in_nodes[d].contains(&s) {
             in_nodes[d].push(s);
+            out_nodes[s as usize].push(d as u32);
         }
     }
     let mean_bytes = p.tenant_bytes.iter().sum::<f64>() / p.tenant_bytes.len().max(1) as f64;
@@ -694,6 +732,11 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
         want,
         inflight: BitMatrix::new(n, k),
         covered: BitMatrix::new(n, k),
+        rivals: (!replacement).then(|| Rivals {
+            out_nodes,
+            once: BitMatrix::new(n, k),
+            twice: BitMatrix::new(n, k),
+        }),
         // Per (node, chunk) arrival times and carriers matter only for chunk replacement.
         have_time: vec![f64::INFINITY; if replacement { n * k } else { 0 }],
         inflight_tx: vec![NONE; if replacement { n * k } else { 0 }],
