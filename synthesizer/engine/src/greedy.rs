@@ -178,11 +178,13 @@ struct Transfer {
     cancelled: bool,
 }
 
-/// Per node, the chunks its in-neighbours cover, counted up to two.
+/// Per node, the chunks its in-neighbours cover, counted up to two, and those it needs that
+/// at most one covers (`need & !twice`: what the sending one alone can bring).
 struct Rivals {
     out_nodes: Vec<Vec<u32>>,
     once: BitMatrix,
     twice: BitMatrix,
+    open: BitMatrix,
 }
 
 const NONE: u32 = u32::MAX;
@@ -259,6 +261,9 @@ impl<'a> State<'a> {
         if self.want.get(node, chunk) {
             if self.need.get(node, chunk) {
                 self.need.clear(node, chunk);
+                if let Some(r) = &mut self.rivals {
+                    r.open.clear(node, chunk);
+                }
             }
             self.remaining -= 1;
         }
@@ -275,6 +280,7 @@ impl<'a> State<'a> {
                 let v = v as usize;
                 if r.once.get(v, chunk) {
                     r.twice.set(v, chunk);
+                    r.open.clear(v, chunk);
                 } else {
                     r.once.set(v, chunk);
                 }
@@ -306,16 +312,16 @@ impl<'a> State<'a> {
                 // Every candidate is covered by `u` itself, so "no other in-neighbour covers
                 // it" is "fewer than two do".
                 let counted = match &self.rivals {
-                    Some(r) if island.is_empty() && !near.is_empty() => Some(&r.twice),
+                    Some(r) if island.is_empty() && !near.is_empty() => Some(&r.open),
                     _ => None,
                 };
                 let word = |x: usize| {
+                    if let Some(open) = counted {
+                        return have.word(u, x) & open.word(v, x);
+                    }
                     let mut candidates = have.word(u, x) & need.word(v, x);
                     if !exclusive {
                         return candidates;
-                    }
-                    if let Some(twice) = counted {
-                        return candidates & !twice.word(v, x);
                     }
                     for rivals in [island, near] {
                         for &w in rivals {
@@ -359,6 +365,9 @@ impl<'a> State<'a> {
         self.transfers.push(Transfer { chunk: chunk as u32, link: link as u32, start: now, end, cancelled: false });
         if self.need.get(v, chunk) {
             self.need.clear(v, chunk);
+            if let Some(r) = &mut self.rivals {
+                r.open.clear(v, chunk);
+            }
         }
         self.inflight.set(v, chunk);
         self.cover(v, chunk);
@@ -719,6 +728,12 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
     // With every link equally fast a transfer already under way can never be beaten.
     let replacement = opt.replacement && !uniform_links(p);
     let faster_in = fast_islands(p, &link_order_key);
+    let rivals = (!replacement).then(|| Rivals {
+        out_nodes,
+        once: BitMatrix::new(n, k),
+        twice: BitMatrix::new(n, k),
+        open: want.clone(),
+    });
     let mut st = State {
         p,
         k,
@@ -732,11 +747,7 @@ pub fn synthesize_within(p: &Problem, opt: Options, bar: &Bar) -> Result<Option<
         want,
         inflight: BitMatrix::new(n, k),
         covered: BitMatrix::new(n, k),
-        rivals: (!replacement).then(|| Rivals {
-            out_nodes,
-            once: BitMatrix::new(n, k),
-            twice: BitMatrix::new(n, k),
-        }),
+        rivals,
         // Per (node, chunk) arrival times and carriers matter only for chunk replacement.
         have_time: vec![f64::INFINITY; if replacement { n * k } else { 0 }],
         inflight_tx: vec![NONE; if replacement { n * k } else { 0 }],
