@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from concurrent import futures
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,21 +122,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _floor_server(port: int, response: bytes, threads: int, stop_at: float) -> None:
-    """A gRPC server that answers every Synthesize call with one prebuilt response, on the
-    same thread pool and options as the service: what the transport alone costs a cache hit
-    on this machine."""
+def _floor_server(port: int, response: bytes, workers: int, queue: int,
+                  stop_at: float) -> None:
+    """A gRPC server that answers every Synthesize call with one prebuilt response, built as
+    the service builds its own (thread pool, options): what the transport alone costs a cache
+    hit on this machine."""
     import grpc
 
     from choreo.service.api import MAX_MESSAGE_BYTES, SERVICE
+    from choreo.service.server import rpc_server
 
     handler = grpc.method_handlers_generic_handler(SERVICE, {
         "Synthesize": grpc.unary_unary_rpc_method_handler(
             lambda _request, _context: response, request_deserializer=None,
             response_serializer=None)})
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads),
-                         options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                                  ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+    server = rpc_server(workers, queue, MAX_MESSAGE_BYTES)
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
@@ -171,13 +170,13 @@ def _drive_clients(address: str, kinds: list[str], ids: list[str], client_procs:
     return results
 
 
-def _floor(response: bytes, clients: int, client_procs: int, seconds: float,
-           threads: int) -> dict[str, float]:
+def _floor(response: bytes, clients: int, client_procs: int, seconds: float, workers: int,
+           queue: int) -> dict[str, float]:
     """Cached-path latency and rate against ``_floor_server``, same clients, same response."""
     ctx = mp.get_context("spawn")
     port = _free_port()
     server = ctx.Process(target=_floor_server,
-                         args=(port, response, threads, time.time() + seconds + 120))
+                         args=(port, response, workers, queue, time.time() + seconds + 120))
     server.start()
     try:
         _wait_serving_port(f"127.0.0.1:{port}")
@@ -257,7 +256,6 @@ def _pct(values: Sequence[float], q: float) -> float:
 def run(seconds: float, clients: int, fresh_clients: int, revalidate_clients: int,
         workers: int, cached: int, client_procs: int, console: Console) -> dict[str, Any]:
     from choreo.service.client import Client, open_channel
-    from choreo.service.server import rpc_threads
 
     port, metrics_port = _free_port(), _free_port()
     address = f"127.0.0.1:{port}"
@@ -320,8 +318,8 @@ def run(seconds: float, clients: int, fresh_clients: int, revalidate_clients: in
                 os.kill(server.pid, signal.SIGKILL)
                 server.wait()
     cached_clients = clients - fresh_clients - revalidate_clients
-    floor = (_floor(floor_response, cached_clients, client_procs, min(seconds, 15.0),
-                    rpc_threads(workers, clients)) if cached_clients else None)
+    floor = (_floor(floor_response, cached_clients, client_procs, min(seconds, 15.0), workers,
+                    clients) if cached_clients else None)
     samples = [Sample(*r) for r in results]
     cached_lat = [s.latency for s in samples if s.kind == "cached" and s.code == "OK"]
     fresh_lat = [s.latency for s in samples if s.kind == "fresh" and s.code == "OK"]

@@ -37,11 +37,23 @@ log = logging.getLogger("choreo.service")
 SWITCH_INTERVAL = 0.0005  # seconds
 
 
+def rpc_server(workers: int, queue: int, max_message_bytes: int) -> grpc.Server:
+    """A gRPC server with the service's thread pool and options, no handlers yet. Requests
+    waiting for a worker hold a thread each; 32 more keep cache hits, health checks and
+    refusals answered while every worker is busy."""
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+        # Clients reconnect (and resolve the headless Service again) now and then, so
+        # replicas added later get their share of the requests.
+        ("grpc.max_connection_age_ms", 5 * 60 * 1000),
+        ("grpc.max_connection_age_grace_ms", 10 * 60 * 1000),
+    ]
+    pool = futures.ThreadPoolExecutor(max_workers=workers + queue + 32,
+                                      thread_name_prefix="choreo-rpc")
+    return grpc.server(pool, options=options)
 
-def rpc_threads(workers: int, queue: int) -> int:
-    """Threads serving RPCs: requests waiting for a worker hold one each; the 32 extra keep
-    cache hits, health checks and refusals answered while every worker is busy."""
-    return workers + queue + 32
 
 class ServerConfig(BaseSettings):
     """``choreo serve``'s settings: each one's flag, ``CHOREO_SERVE_*`` variable and default."""
@@ -102,18 +114,7 @@ class SynthesizerServer:
             duration=self.metrics.duration.observe), nice=cfg.worker_nice)
         self.servicer = Synthesizer(self.pool, ResultCache(cfg.cache_mib << 20), self.metrics)
         self.health = health.HealthServicer(experimental_non_blocking=True)
-        options = [
-            ("grpc.max_receive_message_length", cfg.max_message_bytes),
-            ("grpc.max_send_message_length", cfg.max_message_bytes),
-            ("grpc.so_reuseport", 0),
-            # Clients reconnect (and resolve the headless Service again) now and then, so
-            # replicas added later get their share of the requests.
-            ("grpc.max_connection_age_ms", 5 * 60 * 1000),
-            ("grpc.max_connection_age_grace_ms", 10 * 60 * 1000),
-        ]
-        pool = futures.ThreadPoolExecutor(max_workers=rpc_threads(cfg.workers, cfg.queue),
-                                          thread_name_prefix="choreo-rpc")
-        self.grpc = grpc.server(pool, options=options)
+        self.grpc = rpc_server(cfg.workers, cfg.queue, cfg.max_message_bytes)
         self.grpc.add_generic_rpc_handlers((self.servicer.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         if cfg.reflection:

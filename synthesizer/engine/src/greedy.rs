@@ -309,8 +309,8 @@ impl<'a> State<'a> {
                 let island = &self.faster_in[link];
                 let near: &[u32] = if self.exclusive && pass == 0 { &self.in_nodes[v] } else { &[] };
                 let exclusive = self.exclusive;
-                // Every candidate is covered by `u` itself, so "no other in-neighbour covers
-                // it" is "fewer than two do".
+                // `u` covers every chunk it offers, so "no other in-neighbour covers it" is
+                // "fewer than two do": the receiver's open row (`Rivals`).
                 let counted = match &self.rivals {
                     Some(r) if island.is_empty() && !near.is_empty() => Some(&r.open),
                     _ => None,
@@ -418,6 +418,8 @@ impl<'a> State<'a> {
         let link = t.link as usize;
         let u = self.p.link_src[link] as usize;
         let old_chunk = t.chunk as usize;
+        // Rival counts assume `covered` only grows: they exist only without replacement.
+        debug_assert!(self.rivals.is_none());
         self.inflight.clear(v, old_chunk);
         if !self.have.get(v, old_chunk) {
             self.covered.clear(v, old_chunk);
