@@ -186,6 +186,45 @@ def test_a_schedule_that_comes_back_while_mounted_is_not_sent_again() -> None:
     assert creates == []  # neither the schedule's ConfigMaps nor the alias, which is patched
 
 
+def test_a_configmap_delete_that_times_out_leaves_the_publication_ready() -> None:
+    """Collecting the old ConfigMaps is housekeeping after the status is written: a delete
+    lost to a loaded API server neither marks the tenant Degraded nor counts as a failed
+    synthesis, and the next round deletes what was left."""
+
+    class SlowDeletes(FakeApi):
+        down = True
+
+        async def delete(self, path: str) -> Any:
+            if self.down:
+                raise aiohttp.SocketTimeoutError("Timeout on reading data from socket")
+            return await super().delete(path)
+
+    api, synth = SlowDeletes(), FakeSynth()
+    state: dict[str, Any] = {"failures": []}
+    rec = Reconciler(lambda: _inputs(state["failures"]), api, synth,
+                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+
+    async def main() -> None:
+        await rec.round({"failure"}, 0.0)
+        await _landed(rec)
+        first = api.status("a")["configMap"]
+        state["failures"] = [failure("x", "n1", "gpu", gpu=1)]
+        await rec.round({"failure"}, 0.0)
+        await _landed(rec)
+        after = api.status("a")
+        reasons = {c["type"]: (c["status"], c["reason"]) for c in after["conditions"]}
+        assert after["configMap"] != first and reasons["Ready"] == ("True", "Synthesized")
+        assert reasons["Degraded"] == ("True", "DevicesFailed")  # the GPU, not the delete
+        assert reasons["Synthesizing"] == ("False", "Done")
+        assert first in api.configmaps()  # the delete timed out: still there
+        api.down = False
+        await rec.round({"pod"}, 0.0)
+        await _landed(rec)
+        assert first not in api.configmaps() and after["configMap"] in api.configmaps()
+    asyncio.run(main())
+    assert len(synth.calls) == 2  # no retry of a synthesis that was published
+
+
 def test_synthesizer_down_degrades_then_recovers() -> None:
     api = FakeApi()
     synth = FakeSynth([SynthesisError(Outcome.RETRY, "UNAVAILABLE", "connection refused")] * 2)
