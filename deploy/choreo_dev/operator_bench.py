@@ -26,6 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from choreo.benchtable import Row, exit_code, print_rows
+from choreo_api.kube import CALL_ERRORS, describe
 from choreo_dev import operator_testing as T
 from choreo_dev import procs
 from choreo_dev.config import NODE_LEASE_SECONDS
@@ -93,10 +94,10 @@ class Bench:
         times: list[float] = []
         try:
             self.latency(job, nodes, reps, timeout, times)
-        except TimeoutError as err:  # the rows measured so far are still printed
+        except (TimeoutError, *CALL_ERRORS) as err:  # the rows measured so far are printed
             done = (f"; {statistics.median(times):.2f} s over the first {len(times)}"
                     if times else "")
-            return Row(what, f"{err}{done}", f"<= {target:g} s", "issue 6", False)
+            return Row(what, f"{describe(err)}{done}", f"<= {target:g} s", "issue 6", False)
         p50 = statistics.median(times)
         return Row(what, f"{p50:.2f} s (n={len(times)}, max {max(times):.2f} s)",
                    f"<= {target:g} s", "issue 6", p50 <= target)
@@ -109,8 +110,8 @@ class Bench:
                        "issue 6", False)
         try:
             return self._burst(what, jobs, layout)
-        except TimeoutError as err:  # the other rows are still printed
-            return Row(what, str(err), "2 (one per group)", "issue 6", False)
+        except (TimeoutError, *CALL_ERRORS) as err:  # the other rows are still printed
+            return Row(what, describe(err), "2 (one per group)", "issue 6", False)
 
     def _burst(self, what: str, jobs: list[str], layout: dict[str, list[str]]) -> Row:
         # Count from a quiet start: the last latency run's bookkeeping may still be landing.
