@@ -117,11 +117,18 @@ async def _landed(rec: Reconciler) -> None:
         await flight.task
 
 
+def _reconciler(api: FakeApi, synth: FakeSynth) -> tuple[Reconciler, dict[str, Any]]:
+    """A reconciler whose inputs follow ``state``: its ``failures`` and, if set, ``mounts``."""
+    state: dict[str, Any] = {"failures": []}
+    rec = Reconciler(lambda: _inputs(state["failures"], state.get("mounts")), api, synth,
+                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+    return rec, state
+
+
 def _run(failures_seq: list[list[DeviceFailure]], synth: FakeSynth,
          api: FakeApi) -> Reconciler:
-    state = {"failures": failures_seq[0]}
-    rec = Reconciler(lambda: _inputs(state["failures"]), api, synth,
-                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+    rec, state = _reconciler(api, synth)
+    state["failures"] = failures_seq[0]
 
     async def main() -> None:
         for failures in failures_seq:
@@ -163,9 +170,7 @@ def test_a_schedule_that_comes_back_while_mounted_is_not_sent_again() -> None:
             return await super().create(path, body)
 
     api, synth = CountingApi(), FakeSynth()
-    state: dict[str, Any] = {"failures": [], "mounts": {}}
-    rec = Reconciler(lambda: _inputs(state["failures"], state["mounts"]), api, synth,
-                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+    rec, state = _reconciler(api, synth)
 
     async def main() -> None:
         await rec.round({"failure"}, 0.0)
@@ -200,9 +205,7 @@ def test_a_configmap_delete_that_times_out_leaves_the_publication_ready() -> Non
             return await super().delete(path)
 
     api, synth = SlowDeletes(), FakeSynth()
-    state: dict[str, Any] = {"failures": []}
-    rec = Reconciler(lambda: _inputs(state["failures"]), api, synth,
-                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+    rec, state = _reconciler(api, synth)
 
     async def main() -> None:
         await rec.round({"failure"}, 0.0)
@@ -425,9 +428,7 @@ def test_files_too_large_for_a_configmap_leave_the_smallest_sizes_to_nccl() -> N
             return resp
 
     api, synth = FakeApi(), BucketSynth()
-    state: dict[str, Any] = {"failures": []}
-    rec = Reconciler(lambda: _inputs(state["failures"]), api, synth,
-                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+    rec, state = _reconciler(api, synth)
 
     async def main() -> None:
         await rec.round({"job"}, 0.0)
@@ -492,9 +493,7 @@ def test_a_status_write_lost_to_an_api_restart_keeps_the_schedule_it_names(
             return await super().merge_patch(path, patch)
 
     api, synth = RestartingApi(), FakeSynth()
-    state: dict[str, list[DeviceFailure]] = {"failures": []}
-    rec = Reconciler(lambda: _inputs(state["failures"]), api, synth,
-                     Settings(backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+    rec, state = _reconciler(api, synth)
 
     def named_exists() -> bool:
         return api.status("a")["configMap"] in api.configmaps()
