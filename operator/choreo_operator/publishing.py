@@ -228,17 +228,19 @@ class Publisher:
 
     async def _collect_unused(self, job: CollectiveJob, state: JobState,
                               mounted: frozenset[str]) -> None:
+        # Housekeeping, never retried by rounds (a sick API server would hold each round for
+        # a timeout per job): what a failed call leaves is collected at the job's next
+        # publication or change of mounts.
+        state.mounted = mounted
         try:
             listing = await self.api.list_metadata(_listing_path(job))
             # What the job's status names right now is never garbage, whatever this replica
             # remembers: after a takeover its index may still hold an older status.
             named = named_config_maps(
                 await self.api.get(job_path(job.namespace, job.name, "status")))
-        except CALL_ERRORS as err:  # housekeeping: the next round tries again
+        except CALL_ERRORS as err:
             log.warning("listing ConfigMaps of %s: %s", job.key, describe(err))
-            state.mounted = None
             return
-        done = True
         for cm in listing.get("items") or []:
             meta = cm["metadata"]
             owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
@@ -248,12 +250,13 @@ class Publisher:
                 continue
             try:
                 await self.api.delete(f"/api/v1/namespaces/{job.namespace}/configmaps/{name}")
-            except CALL_ERRORS as err:
-                if not (isinstance(err, ApiException) and err.status == 404):
+            except ApiException as err:
+                if err.status != 404:
                     log.warning("deleting ConfigMap %s: %s", name, describe(err))
-                    done = False
-        # Unset after a failed delete, so that ``collect`` tries again in the next round.
-        state.mounted = mounted if done else None
+            except CALL_ERRORS as err:  # unanswered: the rest would wait a timeout each
+                log.warning("deleting ConfigMap %s: %s; the rest wait for the next "
+                            "collection", name, describe(err))
+                return
 
 
 def _listing_path(job: CollectiveJob) -> str:

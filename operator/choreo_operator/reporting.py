@@ -56,7 +56,7 @@ class JobState:
     inputs_hash: str | None = None
     config_map: str | None = None
     keep: set[str] = field(default_factory=set)  # ConfigMaps of the current schedule
-    mounted: frozenset[str] | None = None  # at the last complete collection of ConfigMaps
+    mounted: frozenset[str] | None = None
     # Per collective, the sizes still asked for: learned when the files of smaller sizes did
     # not fit a pod's ConfigMap (NCCL runs those).
     trims: dict[str, Trim] = field(default_factory=dict)

@@ -194,7 +194,7 @@ def test_a_schedule_that_comes_back_while_mounted_is_not_sent_again() -> None:
 def test_a_configmap_delete_that_times_out_leaves_the_publication_ready() -> None:
     """Collecting the old ConfigMaps is housekeeping after the status is written: a delete
     lost to a loaded API server neither marks the tenant Degraded nor counts as a failed
-    synthesis, and the next round deletes what was left."""
+    synthesis, and the job's next publication deletes what was left."""
 
     class SlowDeletes(FakeApi):
         down = True
@@ -221,11 +221,13 @@ def test_a_configmap_delete_that_times_out_leaves_the_publication_ready() -> Non
         assert reasons["Synthesizing"] == ("False", "Done")
         assert first in api.configmaps()  # the delete timed out: still there
         api.down = False
-        await rec.round({"pod"}, 0.0)
+        state["failures"] = [failure("x", "n1", "gpu", gpu=1, resolved=True)]
+        await rec.round({"failure"}, 0.0)
         await _landed(rec)
-        assert first not in api.configmaps() and after["configMap"] in api.configmaps()
+        assert api.status("a")["configMap"] == first and first in api.configmaps()
+        assert after["configMap"] not in api.configmaps()
     asyncio.run(main())
-    assert len(synth.calls) == 2  # no retry of a synthesis that was published
+    assert len(synth.calls) == 3  # no retry of the synthesis that was published
 
 
 def test_synthesizer_down_degrades_then_recovers() -> None:
