@@ -194,13 +194,16 @@ def test_a_schedule_that_comes_back_while_mounted_is_not_sent_again() -> None:
 def test_a_configmap_delete_that_times_out_leaves_the_publication_ready() -> None:
     """Collecting the old ConfigMaps is housekeeping after the status is written: a delete
     lost to a loaded API server neither marks the tenant Degraded nor counts as a failed
-    synthesis, and the job's next publication deletes what was left."""
+    synthesis, the collection stops at it instead of waiting a timeout for every other
+    ConfigMap, and the job's next publication deletes what was left."""
 
     class SlowDeletes(FakeApi):
         down = True
+        unanswered = 0
 
         async def delete(self, path: str) -> Any:
-            if self.down:
+            if self.down and "/configmaps/" in path:
+                self.unanswered += 1
                 raise aiohttp.SocketTimeoutError("Timeout on reading data from socket")
             return await super().delete(path)
 
@@ -220,14 +223,23 @@ def test_a_configmap_delete_that_times_out_leaves_the_publication_ready() -> Non
         assert reasons["Degraded"] == ("True", "DevicesFailed")  # the GPU, not the delete
         assert reasons["Synthesizing"] == ("False", "Done")
         assert first in api.configmaps()  # the delete timed out: still there
+        # A second failure: two of a's ConfigMaps are unused, one delete is tried.
+        state["failures"] = [failure("x", "n1", "gpu", gpu=1), failure("y", "n1", "gpu", gpu=2)]
+        api.unanswered = 0
+        await rec.round({"failure"}, 0.0)
+        await _landed(rec)
+        second = api.status("a")["configMap"]
+        assert {first, after["configMap"], second} <= set(api.configmaps())
+        assert api.unanswered == 1
         api.down = False
-        state["failures"] = [failure("x", "n1", "gpu", gpu=1, resolved=True)]
+        state["failures"] = [failure("x", "n1", "gpu", gpu=1, resolved=True),
+                             failure("y", "n1", "gpu", gpu=2, resolved=True)]
         await rec.round({"failure"}, 0.0)
         await _landed(rec)
         assert api.status("a")["configMap"] == first and first in api.configmaps()
-        assert after["configMap"] not in api.configmaps()
+        assert after["configMap"] not in api.configmaps() and second not in api.configmaps()
     asyncio.run(main())
-    assert len(synth.calls) == 3  # no retry of the synthesis that was published
+    assert len(synth.calls) == 4  # no retry of a synthesis that was published
 
 
 def test_synthesizer_down_degrades_then_recovers() -> None:
