@@ -83,9 +83,14 @@ class Synthesizer:
         with self._idle:
             return self._idle.wait_for(lambda: self._inflight == 0, timeout)
 
-    def _enter(self) -> None:
+    def _enter(self, context: grpc.ServicerContext) -> None:
+        """Count the RPC in flight until gRPC has ended it: a handler that has returned its
+        response is not done while the megabytes are still being sent, and a drain that
+        stopped the server then would cut them off."""
         with self._idle:
             self._inflight += 1
+        if not context.add_callback(self._leave):
+            self._leave()  # the call is already over
 
     def _leave(self) -> None:
         with self._idle:
@@ -94,7 +99,7 @@ class Synthesizer:
 
     # ---- RPCs --------------------------------------------------------------------------------
     def synthesize(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
-        self._enter()
+        self._enter(context)
         code = grpc.StatusCode.OK
         try:
             started = self._start(raw, context)
@@ -114,11 +119,10 @@ class Synthesizer:
             raise
         finally:
             self._count("Synthesize", code, context)
-            self._leave()
 
     def synthesize_stream(self, raw: bytes,
                           context: grpc.ServicerContext) -> Iterator[bytes | pb.SynthesizeEvent]:
-        self._enter()
+        self._enter(context)
         code = grpc.StatusCode.OK
         try:
             started = self._start(raw, context)
@@ -143,7 +147,6 @@ class Synthesizer:
             raise
         finally:
             self._count("SynthesizeStream", code, context)
-            self._leave()
 
     def _count(self, method: str, code: grpc.StatusCode, context: grpc.ServicerContext) -> None:
         if code is grpc.StatusCode.OK and not context.is_active():
