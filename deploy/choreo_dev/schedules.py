@@ -14,6 +14,7 @@ from typing import Any
 
 from choreo import msccl
 from choreo_dev.kube import ApiException, KubeClient
+from choreo_operator import results
 
 
 @dataclass
@@ -65,9 +66,9 @@ def load(client: KubeClient, namespace: str, status: dict[str, Any]) -> Publishe
             bodies.append(cm)
     if not bodies:
         return Published({}, [], parts, missing)
-    keys = sorted(k for k in bodies[0].get("data", {}) if k.endswith(".xml"))
-    files = {k: join_parts([b["data"][k] for b in bodies]) if len(bodies) > 1
-             else bodies[0]["data"][k] for k in keys}
+    texts = [results.xml_files(b) for b in bodies]  # packed files inflated
+    files = {k: join_parts([t[k] for t in texts]) if len(texts) > 1 else texts[0][k]
+             for k in sorted(texts[0])}
     ranks = json.loads(bodies[0]["data"]["ranks.json"])
     return Published(files, ranks, parts, missing)
 

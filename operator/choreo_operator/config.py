@@ -41,6 +41,10 @@ class Config(BaseSettings):
     max_buckets: int = Field(4, ge=1, description="size buckets per collective")
     split_bytes: int = Field(900 * 1024, gt=0, description="split a schedule into per-pod "
                              "ConfigMaps above this size")
+    unpack_image: str | None = Field(
+        None, description="image (choreo's own) of the sidecar the webhook adds to tenant "
+        "pods to inflate gzipped schedules: ConfigMaps then hold a tenth of the bytes; unset, "
+        "they hold plain XML and pods mount it directly")
     liveness: str | None = Field(None, description="kopf liveness endpoint, e.g. "
                                  "http://127.0.0.1:8080/healthz")
     leader_election: bool = Field(True, description="one of several replicas: only the "

@@ -69,7 +69,7 @@ class Runtime:
             quiet_seconds=config.debounce, max_delay_seconds=config.max_delay,
             call_timeout_seconds=config.timeout, restarts=config.restarts,
             max_buckets=config.max_buckets, split_bytes=config.split_bytes,
-            request_slots=config.max_requests))
+            request_slots=config.max_requests, packed=config.unpack_image is not None))
 
     def _values(self, name: str) -> Iterator[Any]:
         index = self.indices[name] if self.indices is not None else {}
@@ -348,10 +348,11 @@ def inject(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
     job_idx: kopf.Index[str, CollectiveJob | model.Invalid] = kwargs["job_idx"]
     jobs = [j for store in job_idx.values() for j in store if not isinstance(j, model.Invalid)]
     pod = {"metadata": dict(body["metadata"]), "spec": dict(body.get("spec") or {})}
-    change = webhook.mutation(pod, jobs)
+    change = webhook.mutation(pod, jobs, _rt(kwargs["memo"]).config.unpack_image)
     if change is None:
         return
-    patch.spec["volumes"] = change["volumes"]
-    patch.spec["containers"] = change["containers"]
+    for key in ("volumes", "containers", "initContainers"):
+        if key in change:
+            patch.spec[key] = change[key]
     for key, value in change["annotations"].items():
         patch.metadata.annotations[key] = value

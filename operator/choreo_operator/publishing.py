@@ -39,12 +39,13 @@ CONFIGMAP_WRITES = 8  # concurrent ConfigMap creations per published schedule
 class Publisher:
     def __init__(self, api: Api, reporter: Reporter, pods: Callable[[], Iterable[PodInfo]],
                  poke: Callable[[str], None], *, split_bytes: int = results.SPLIT_BYTES,
-                 retry_seconds: float = 0.5) -> None:
+                 retry_seconds: float = 0.5, packed: bool = False) -> None:
         self.api = api
         self.reporter = reporter
         self.pods = pods  # the pods as they are now
         self.poke = poke
         self.split_bytes = split_bytes
+        self.packed = packed  # XML gzipped in ConfigMaps, for pods that inflate it (webhook)
         self.retry_seconds = retry_seconds  # before publishing again after a lost status write
 
     async def publish(self, job: CollectiveJob, plan: GroupPlan, result: Any, response: Any,
@@ -58,7 +59,7 @@ class Publisher:
         pl = plan.placements[job.key]
         slots = plan.slots[job.key]
         # Inflating megabytes of XML takes a while too: off the event loop.
-        schedule = await asyncio.to_thread(_schedule, job, slots, result)
+        schedule = await asyncio.to_thread(_schedule, job, slots, result, self.packed)
         pod_ranks: dict[str, tuple[int, int]] = {}
         for r, s in enumerate(slots):
             lo, _ = pod_ranks.get(s.pod, (r, r))
@@ -157,7 +158,7 @@ class Publisher:
         # Names are content hashes: one that exists holds this schedule already. A schedule
         # that comes back (a failed GPU recovers while pods still mount its ConfigMaps) is
         # then not sent again, megabytes per pod, only for the API server to answer 409.
-        whole = bodies[0]["data"]  # used only where the schedule is one ConfigMap
+        whole = bodies[0]  # used only where the schedule is one ConfigMap
         bodies = [b for b in bodies if b["metadata"]["name"] not in there]
         # One ConfigMap per pod for large tenants: written side by side, a few at a time.
         writes = asyncio.Semaphore(CONFIGMAP_WRITES)
@@ -182,12 +183,8 @@ class Publisher:
             except ApiException as err:
                 if err.status != 409:
                     raise
-        stale = {k: None for k in (*results.possible_files(job),
-                                   *results.MSCCL_OFF[job.spec.dialect])
-                 if k not in alias["data"]}
         await self.api.merge_patch(f"{path}/{alias['metadata']['name']}",
-                                   {"data": {**stale, **alias["data"]},
-                                    "metadata": {"labels": alias["metadata"]["labels"]}})
+                                   results.alias_patch(job, alias))
 
     async def _existing(self, job: CollectiveJob) -> set[str]:
         """Names of the job's ConfigMaps now (none known if the listing fails: every create
@@ -279,11 +276,13 @@ def _left_to_nccl(schedule: results.Schedule) -> dict[str, list[str]]:
     return out
 
 
-def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any) -> results.Schedule:
+def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any,
+              packed: bool = False) -> results.Schedule:
     """The tenant's part of a synthesizer response as files, ranks and predictions. Sizes
     below the response's first bucket were asked for no more (their files did not fit a
     pod's ConfigMap): NCCL runs them."""
-    schedule = results.Schedule(files=results.Files(), dialect=job.spec.dialect, ranks=[
+    schedule = results.Schedule(files=results.Files(), dialect=job.spec.dialect, packed=packed,
+                                ranks=[
         {"rank": r, "pod": s.pod, "node": s.node, "gpu": s.gpu} for r, s in enumerate(slots)])
     ship_anyway = job.spec.when_nccl_faster == SHIP_ANYWAY
     for spec, coll in zip(job.spec.collectives, result.collectives, strict=True):

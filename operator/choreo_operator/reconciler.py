@@ -38,6 +38,7 @@ class Settings:
     restarts: int = 2
     max_buckets: int = 4
     split_bytes: int = results.SPLIT_BYTES
+    packed: bool = False  # XML gzipped in ConfigMaps: pods get the sidecar that inflates it
     publish_slots: int = 2  # groups whose schedules are written at the same time
     request_slots: int = 8  # synthesis calls in flight at once
 
@@ -53,7 +54,7 @@ class Reconciler:
         self.reporter = Reporter(api)
         self.publisher = Publisher(api, self.reporter, lambda: self.read().pods, self.poke,
                                    split_bytes=s.split_bytes,
-                                   retry_seconds=s.backoff_initial_seconds)
+                                   retry_seconds=s.backoff_initial_seconds, packed=s.packed)
         self.flights = Flights(synth, self.reporter, self.publisher, self.poke,
                                timeout_seconds=s.call_timeout_seconds,
                                backoff_initial_seconds=s.backoff_initial_seconds,

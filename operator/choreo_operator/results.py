@@ -7,10 +7,16 @@ pods mount them with ``items[].path: msccl/<key>`` so ``MSCCL_ALGO_DIR=<mount>/m
 holds nothing but XML. When the files exceed what one ConfigMap holds (1 MiB), there is one
 ConfigMap per pod instead (``<job>-<hash>-r<first rank>``) whose files keep only that pod's
 ``<gpu>`` elements: a rank only reads its own.
+
+Packed schedules hold their XML gzipped under ``binaryData`` (a tenth of the bytes, which the
+API server, etcd and every informer of ConfigMaps hold), and a sidecar in each pod inflates
+them (``choreo_operator.unpack``); the rank table and the switch that turns MSCCL off stay
+plain ``data``, which ``env[].valueFrom`` reads.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import gzip
 import hashlib
@@ -150,6 +156,12 @@ class Files(Mapping[str, str]):
     def __len__(self) -> int:
         return len(self._files)
 
+    def packed(self, key: str) -> bytes:
+        """The file gzipped: as the synthesizer sent it, or compressed now (level 1, as the
+        synthesizer does; no timestamp, so the same text gives the same bytes)."""
+        body = self._files[key]
+        return body if isinstance(body, bytes) else pack(body)
+
     def add(self, key: str, body: str | bytes) -> None:
         """A file as sent: plain text, or gzip."""
         self._files[key] = body
@@ -165,6 +177,10 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def pack(text: str) -> bytes:
+    return gzip.compress(text.encode(), compresslevel=1, mtime=0)
+
+
 @dataclass
 class Schedule:
     """One tenant's result: its files and predictions."""
@@ -175,13 +191,16 @@ class Schedule:
     verified: bool = True
     errors: list[str] = field(default_factory=list)
     dialect: str = "executor"
+    packed: bool = False  # files gzipped, for pods with the sidecar that inflates them
     _digest: str = field(default="", init=False, repr=False, compare=False)
 
-    def data(self) -> dict[str, str]:
-        """The ConfigMap's keys, every file inflated. With no XML at all (NCCL is faster at
-        every size) it also holds the switch that turns MSCCL off, for pods admitted before
-        the schedule existed (they read it through ``env[].valueFrom``)."""
-        return {**self.files, **self.besides()}
+    def data(self) -> dict[str, str | bytes]:
+        """The ConfigMap's keys, every file inflated (or gzipped, if packed). With no XML at
+        all (NCCL is faster at every size) it also holds the switch that turns MSCCL off, for
+        pods admitted before the schedule existed (they read it through ``env[].valueFrom``)."""
+        files = ({k: self.files.packed(k) for k in self.files} if self.packed
+                 else dict(self.files))
+        return {**files, **self.besides()}
 
     def besides(self) -> dict[str, str]:
         """The keys of ``data()`` that are not XML files."""
@@ -193,7 +212,7 @@ class Schedule:
         be cut per pod) are not read again; taken once, as a 1024-GPU schedule holds 68 MB
         of XML and its files are complete before anything asks."""
         if not self._digest:
-            h = hashlib.sha256()
+            h = hashlib.sha256(b"gzip\0" if self.packed else b"")
             besides = self.besides()
             for key in sorted({*self.files, *besides}):
                 digest = _digest(besides[key]) if key in besides else self.files.digest(key)
@@ -210,11 +229,24 @@ def alias_name(job: str) -> str:
     return f"{job[:240]}-schedule"
 
 
-def alias_body(job: CollectiveJob, data: dict[str, str], content_hash: str) -> dict[str, Any]:
-    """The alias holding ``data``, a whole schedule's ConfigMap data (``Schedule.data()``)."""
-    body = _body(job, alias_name(job.name), data, content_hash, "", "")
+def alias_body(job: CollectiveJob, whole: Mapping[str, Any], content_hash: str,
+               ) -> dict[str, Any]:
+    """The alias holding what ``whole``, a whole schedule's ConfigMap, holds."""
+    body = _body(job, alias_name(job.name), {}, content_hash, "", "")
     body.pop("immutable")
+    for section in ("data", "binaryData"):
+        body[section] = dict(whole.get(section) or {})
     return body
+
+
+def alias_patch(job: CollectiveJob, alias: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that makes an existing alias hold what ``alias`` holds: every key a
+    schedule of the job may have that ``alias`` lacks is removed (from either section, so a
+    switch between plain and packed schedules leaves no key in both)."""
+    keys = (*possible_files(job), *MSCCL_OFF[job.spec.dialect], RANKS_KEY)
+    return {section: {**dict.fromkeys(k for k in keys if k not in alias[section]),
+                      **alias[section]} for section in ("data", "binaryData")} | {
+        "metadata": {"labels": alias["metadata"]["labels"]}}
 
 
 def possible_files(job: CollectiveJob) -> list[str]:
@@ -248,7 +280,8 @@ def config_maps(job: CollectiveJob, schedule: Schedule, pod_ranks: Mapping[str, 
     may leave its smallest size ranges to NCCL (``fit_per_pod``). A body can still be over
     the limit (``oversized`` says so): a collective's largest range is never left out."""
     besides = schedule.besides()
-    size = (sum(len(k) + schedule.files.size(k) for k in schedule.files)
+    size = (sum(len(k) + (len(schedule.files.packed(k)) if schedule.packed
+                          else schedule.files.size(k)) for k in schedule.files)
             + sum(len(k) + len(v) for k, v in besides.items()))
     if size <= split_bytes or not pod_ranks:
         data = schedule.data()
@@ -270,7 +303,7 @@ def config_maps(job: CollectiveJob, schedule: Schedule, pod_ranks: Mapping[str, 
 
 
 def fit_per_pod(schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]], fixed: int,
-                ) -> tuple[Schedule, dict[str, dict[str, str]]]:
+                ) -> tuple[Schedule, dict[str, dict[str, str | bytes]]]:
     """Every file cut per pod (piece per pod, by ``r<first rank>``), largest size ranges
     first; once a range's pieces would take a pod's ConfigMap over the limit, that range and
     every smaller one are left to NCCL (``without``), their pieces never kept. A collective's
@@ -278,7 +311,8 @@ def fit_per_pod(schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]], fi
 
     The smallest sizes go first: they are latency-bound, where a schedule gains least. Cut
     file by file, a tenant whose four size buckets need three times a ConfigMap holds one
-    bucket's pieces at a time, not all four."""
+    bucket's pieces at a time, not all four. A packed schedule's pieces are gzipped, and
+    their room counted so."""
     part_of_rank = [""] * len(schedule.ranks)
     for first, last in pod_ranks.values():
         part_of_rank[first:last + 1] = [f"r{first}"] * (last + 1 - first)
@@ -287,14 +321,17 @@ def fit_per_pod(schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]], fi
     optional = sorted((r for rs in shipped for r in rs[:-1]), key=lambda r: -r.max_bytes)
     left = {k for r in optional for k in r.files}
     groups = [[k] for k in schedule.files if k not in left] + [list(r.files) for r in optional]
-    split: dict[str, dict[str, str]] = {}
+    split: dict[str, dict[str, str | bytes]] = {}
     for i, keys in enumerate(groups):
         # The synthesizer's own lowering: the cut checks only what it relies on (expat
         # would take two thirds of the time).
-        pieces = {k: split_per_node(schedule.files[k], part_of_rank, check_xml=False)
-                  for k in keys}
-        need = {pod: sum(len(k) + len(p[pod].encode()) for k, p in pieces.items())
-                for pod in room}
+        pieces: dict[str, dict[str, str | bytes]] = {
+            k: dict(split_per_node(schedule.files[k], part_of_rank, check_xml=False))
+            for k in keys}
+        if schedule.packed:
+            pieces = {k: {pod: pack(str(text)) for pod, text in p.items()}
+                      for k, p in pieces.items()}
+        need = {pod: sum(len(k) + _size(p[pod]) for k, p in pieces.items()) for pod in room}
         if i >= len(groups) - len(optional) and any(need[p] > room[p] for p in room):
             return without(schedule, {k for g in groups[i:] for k in g}), split
         room = {p: room[p] - need[p] for p in room}
@@ -306,8 +343,23 @@ CONFIGMAP_MAX_BYTES = 1 << 20  # the API server's limit on a ConfigMap's data
 
 
 def data_bytes(body: dict[str, Any]) -> int:
-    """What the API server counts against a ConfigMap's limit."""
-    return sum(len(k) + len(v.encode()) for k, v in body["data"].items())
+    """What the API server counts against a ConfigMap's limit: both sections, binaryData as
+    the bytes its base64 stands for."""
+    text = sum(len(k) + len(v.encode()) for k, v in (body.get("data") or {}).items())
+    return text + sum(len(k) + len(v) * 3 // 4 - v[-2:].count("=")
+                      for k, v in (body.get("binaryData") or {}).items())
+
+
+def xml_files(body: Mapping[str, Any]) -> dict[str, str]:
+    """A ConfigMap's MSCCL files as a pod's runtime reads them: packed ones inflated."""
+    files = {k: v for k, v in (body.get("data") or {}).items() if k.endswith(".xml")}
+    files.update((k, gzip.decompress(base64.b64decode(v)).decode())
+                 for k, v in (body.get("binaryData") or {}).items() if k.endswith(".xml"))
+    return files
+
+
+def _size(body: str | bytes) -> int:
+    return len(body) if isinstance(body, bytes) else len(body.encode())
 
 
 def without(schedule: Schedule, keys: set[str]) -> Schedule:
@@ -373,9 +425,11 @@ def oversized(bodies: Sequence[dict[str, Any]]) -> str:
     return ""
 
 
-def _body(job: CollectiveJob, name: str, data: dict[str, str], digest: str, inputs_hash: str,
-          fingerprint: str) -> dict[str, Any]:
-    return {
+def _body(job: CollectiveJob, name: str, data: Mapping[str, str | bytes], digest: str,
+          inputs_hash: str, fingerprint: str) -> dict[str, Any]:
+    """A ConfigMap of ``data``: text under ``data``, bytes (gzipped XML) under ``binaryData``."""
+    binary = {k: base64.b64encode(v).decode() for k, v in data.items() if isinstance(v, bytes)}
+    body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
@@ -389,9 +443,12 @@ def _body(job: CollectiveJob, name: str, data: dict[str, str], digest: str, inpu
                 "uid": job.metadata.uid, "controller": True, "blockOwnerDeletion": False,
             }],
         },
-        "data": data,
+        "data": {k: v for k, v in data.items() if isinstance(v, str)},
         "immutable": True,
     }
+    if binary:
+        body["binaryData"] = binary
+    return body
 
 
 def volume_items(files: Sequence[str]) -> list[dict[str, str]]:

@@ -6,6 +6,11 @@ what its dialect's runtime reads (``results.pod_env``) in every container, unles
 container sets it itself. A pod admitted before the schedule exists mounts the job's alias
 ConfigMap and reads the switch that turns MSCCL off from it, in case NCCL turns out faster at
 every size. Pods that already mount a choreo volume are left alone.
+
+Where schedules are packed (gzipped XML), the ConfigMap goes to a sidecar instead (an init
+container that keeps running, ``choreo unpack``), which inflates it into a volume the pod's
+containers read at the same path; they start once its first copy is there, and it follows
+the ConfigMap's updates as the kubelet's own projection would.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from choreo_operator import results
 from choreo_operator.model import resumed
 
 VOLUME = "choreo-schedule"
+FILES_VOLUME = "choreo-files"  # the inflated files, where schedules are packed
+UNPACKER = "choreo-unpack"
+PACKED_PATH = "/etc/choreo-packed"
 ANN_SCHEDULE = "choreo.dev/schedule"
 ANN_JOB = "choreo.dev/collectivejob"
 
@@ -51,8 +59,10 @@ def schedule_for(pod: Mapping[str, Any], job: CollectiveJob) -> str | None:
     return next((p.name for p in parts if p.pod_rank == rank), None)
 
 
-def mutation(pod: Mapping[str, Any], jobs: Iterable[CollectiveJob]) -> dict[str, Any] | None:
-    """The changed parts of the pod (``volumes``, ``containers``, annotations), or None."""
+def mutation(pod: Mapping[str, Any], jobs: Iterable[CollectiveJob],
+             unpack_image: str | None = None) -> dict[str, Any] | None:
+    """The changed parts of the pod (``volumes``, ``containers``, annotations and, with
+    ``unpack_image``, ``initContainers``), or None."""
     spec = pod.get("spec") or {}
     volumes = list(spec.get("volumes") or [])
     if any(v.get("name") == VOLUME for v in volumes):
@@ -75,17 +85,43 @@ def mutation(pod: Mapping[str, Any], jobs: Iterable[CollectiveJob]) -> dict[str,
         env += [{"name": k, "valueFrom": {"configMapKeyRef": {
             "name": name, "key": k, "optional": True}}} for k in results.MSCCL_OFF[dialect]]
     volumes.append({"name": VOLUME, "configMap": {**source, "defaultMode": 0o444}})
+    change: dict[str, Any] = {"volumes": volumes}
+    read_from = VOLUME
+    if unpack_image is not None:
+        volumes.append({"name": FILES_VOLUME, "emptyDir": {}})
+        change["initContainers"] = [unpacker(unpack_image),
+                                    *copy.deepcopy(spec.get("initContainers") or [])]
+        read_from = FILES_VOLUME
     containers = []
     for c in spec.get("containers") or []:
         c = copy.deepcopy(c)
         have = {e.get("name") for e in c.get("env") or []}
         c["env"] = list(c.get("env") or []) + [e for e in env if e["name"] not in have]
         mounts = list(c.get("volumeMounts") or [])
-        mounts.append({"name": VOLUME, "mountPath": results.MOUNT_PATH, "readOnly": True})
+        mounts.append({"name": read_from, "mountPath": results.MOUNT_PATH, "readOnly": True})
         c["volumeMounts"] = mounts
         containers.append(c)
-    return {"volumes": volumes, "containers": containers,
+    return {**change, "containers": containers,
             "annotations": {ANN_SCHEDULE: name, ANN_JOB: job.name}}
+
+
+def unpacker(image: str) -> dict[str, Any]:
+    """The sidecar that inflates the schedule's ConfigMap for the pod's containers. As a
+    restartable init container it starts first, and the containers only once its startup
+    probe finds the first copy (``..data``, as the kubelet names its own)."""
+    return {
+        "name": UNPACKER, "image": image, "restartPolicy": "Always",
+        "args": ["unpack", "--source", PACKED_PATH, "--target", results.MOUNT_PATH],
+        "volumeMounts": [{"name": VOLUME, "mountPath": PACKED_PATH, "readOnly": True},
+                         {"name": FILES_VOLUME, "mountPath": results.MOUNT_PATH}],
+        "startupProbe": {"exec": {"command": ["test", "-e", f"{results.MOUNT_PATH}/..data"]},
+                         "periodSeconds": 1, "failureThreshold": 300},
+        "resources": {"requests": {"cpu": "10m", "memory": "48Mi"},
+                      "limits": {"memory": "256Mi"}},
+        "securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": True,
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
 
 
 async def point_at(api: Any, name: str, url: str, ca_pem: bytes) -> None:

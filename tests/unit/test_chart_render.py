@@ -233,6 +233,12 @@ def test_container_args_parse_with_the_real_command_lines(helm: Path) -> None:
     assert operator.leader_election
     assert operator.webhook_config == ""
     assert operator.metrics_addr == "0.0.0.0"
+    # packed schedules: the sidecar the webhook adds runs the operator's own image
+    image = workloads["rel-choreo-operator"]["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert operator.unpack_image == image and image.startswith("ghcr.io/choreo-dev/choreo:")
+    off = by_kind(render(helm, "webhook.packedSchedules=false"), "Deployment")
+    args = off["rel-choreo-operator"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--unpack-image")]
     assert from_arguments(ServerConfig, seen["serve"]).metrics_port == 9090
     assert seen["agent"].metrics_port == 9464
     assert seen["agent"].backend == "auto"

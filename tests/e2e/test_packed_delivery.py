@@ -1,0 +1,154 @@
+"""Packed schedules end to end: an operator run with ``--unpack-image`` writes gzipped XML to
+ConfigMaps on the real API server, its webhook gives tenant pods the sidecar, and the sidecar's
+own command line, run here on the ConfigMap laid out as the kubelet lays it out, gives the pod
+the files the MSCCL runtime reads. Every process is stopped by PID."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from choreo_dev import operator_testing as T
+from choreo_dev import schedules
+from choreo_dev.kube import ApiException
+from choreo_dev.testing import LocalCluster
+from choreo_operator import results
+
+pytestmark = pytest.mark.e2e
+
+GROUP = "/apis/choreo.dev/v1alpha1"
+WEBHOOK = "choreo-packed-e2e"
+IMAGE = "registry.example/choreo:e2e"
+
+
+@dataclass
+class Stack:
+    cluster: LocalCluster
+    ns: str
+    operator: T.Proc
+
+    def status(self, job: str) -> dict[str, Any]:
+        return dict(self.cluster.client.get(
+            f"{GROUP}/namespaces/{self.ns}/collectivejobs/{job}").get("status") or {})
+
+    def configmap(self, name: str) -> dict[str, Any]:
+        return dict(self.cluster.client.get(f"/api/v1/namespaces/{self.ns}/configmaps/{name}"))
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    logs = tmp_path_factory.mktemp("packed")
+    for crd in T.crd_documents():
+        cluster.kubectl("apply", "-f", str(crd))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    cluster.apply(T.webhook_manifest(WEBHOOK))
+    nodes = cluster.add_nodes(2, gpus=8, prefix="pk")
+    ns = cluster.create_namespace("pk")
+    cluster.apply(T.rail_fabric("packed", nodes))
+    synth, port = T.start_synthesizer(logs / "synth.log")
+    operator = synth
+    try:
+        operator, _ = T.start_operator(
+            logs / "operator.log", cluster.info.kubeconfig, f"127.0.0.1:{port}", logs / "certs",
+            extra=["--webhook-config", WEBHOOK, "--debounce", "0.2", "--unpack-image", IMAGE])
+        job = {"apiVersion": "choreo.dev/v1alpha1", "kind": "CollectiveJob",
+               "metadata": {"name": "pk"},
+               "spec": {"selector": {"matchLabels": {"tenant": "pk"}},
+                        "collectives": [{"name": "grads", "collective": "allreduce",
+                                         "minBytes": 1 << 20, "maxBytes": 1 << 30}]}}
+        cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(job))
+        st = Stack(cluster, ns, operator)
+        # The operator knows the job (its status says so), and the pods are admitted before
+        # the schedule exists: they mount the alias.
+        cluster.wait_for(lambda: st.status("pk").get("phase"), "the job seen", timeout=60)
+        for rank, node in enumerate(nodes):
+            cluster.kubectl("apply", "-n", ns, "-f", "-",
+                            stdin=json.dumps(T.tenant_pod(f"pk-{rank}", node, "pk", rank)))
+        try:
+            cluster.wait_for(lambda: st.status("pk").get("phase") == "Ready",
+                             "the packed schedule", timeout=120)
+        except Exception as err:
+            raise AssertionError(f"{err}\n{T.tail(operator.log, 40)}") from None
+        yield st
+    finally:
+        operator.stop()
+        synth.stop()
+        for path in (f"{GROUP}/fabrictopologies/packed",
+                     f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{WEBHOOK}"):
+            with contextlib.suppress(ApiException):
+                cluster.client.delete(path)
+    assert not operator.alive() and not synth.alive()
+
+
+def test_config_maps_hold_gzipped_xml_that_verifies(stack: Stack) -> None:
+    status = stack.status("pk")
+    names = [p["name"] for p in status.get("configMapParts") or []] or [status["configMap"]]
+    for name in names:
+        cm = stack.configmap(name)
+        assert set(cm["data"]) == {"ranks.json"}, name  # what env[].valueFrom may read
+        assert sorted(cm["binaryData"]) == status["files"]
+        packed = sum(len(base64.b64decode(v)) for v in cm["binaryData"].values())
+        assert packed * 4 < sum(len(x) for x in results.xml_files(cm).values())
+    published = schedules.load(stack.cluster.client, stack.ns, status)
+    assert published is not None and len(published.ranks) == 16
+    assert schedules.problems(published) == []  # inflated, joined: MSCCL's checks and a run
+
+
+def _project(cm: dict[str, Any], items: list[dict[str, str]], root: Path) -> None:
+    """What the kubelet writes for a ConfigMap volume with ``items``."""
+    copy = root / "..2026_11_27_00_00_00.000000001"
+    for item in items:
+        key = item["key"]
+        body = (base64.b64decode(cm["binaryData"][key]) if key in cm.get("binaryData", {})
+                else cm["data"][key].encode() if key in cm["data"] else None)
+        if body is not None:
+            (copy / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+            (copy / item["path"]).write_bytes(body)
+    (root / "..data").symlink_to(copy.name)
+    for top in os.listdir(copy):
+        (root / top).symlink_to(f"..data/{top}")
+
+
+def test_pods_get_the_sidecar_whose_copy_is_what_the_runtime_reads(stack: Stack,
+                                                                    tmp_path: Path) -> None:
+    pod = stack.cluster.client.get(f"/api/v1/namespaces/{stack.ns}/pods/pk-0")
+    spec = pod["spec"]
+    sidecar = spec["initContainers"][0]
+    assert (sidecar["name"], sidecar["image"], sidecar["restartPolicy"]) == (
+        "choreo-unpack", IMAGE, "Always")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    source = volumes["choreo-schedule"]["configMap"]
+    assert source["name"] == "pk-schedule" and source["optional"]  # the alias, filled in later
+    train = spec["containers"][0]
+    assert {m["name"]: m["mountPath"] for m in train["volumeMounts"]}[
+        "choreo-files"] == "/etc/choreo"
+    algo_dir = {e["name"]: e.get("value") for e in train["env"]}["MSCCL_ALGO_DIR"]
+    # The sidecar's command line as the pod runs it, on this machine's paths.
+    status = stack.status("pk")
+    if status.get("configMapParts"):
+        pytest.skip("split per pod: pods admitted before it mount the job's part, no alias")
+    alias = stack.configmap("pk-schedule")
+    assert sorted(alias["binaryData"]) == status["files"]  # the alias is packed too
+    mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
+    where = {mounts["choreo-schedule"]: tmp_path / "packed",
+             mounts["choreo-files"]: tmp_path / "files"}
+    where[mounts["choreo-schedule"]].mkdir()
+    _project(alias, source["items"], where[mounts["choreo-schedule"]])
+    choreo = Path(sys.executable).with_name("choreo")
+    args = [str(where.get(a, a)) for a in sidecar["args"]]
+    subprocess.run([str(choreo), *args, "--once"], check=True, timeout=60)
+    folder = where[mounts["choreo-files"]] / Path(algo_dir).relative_to("/etc/choreo")
+    got = {p.name: p.read_text() for p in folder.iterdir()}
+    assert got == results.xml_files(stack.configmap(status["configMap"]))
+    ranks = json.loads((where[mounts["choreo-files"]] / "ranks.json").read_text())
+    assert len(ranks) == 16
