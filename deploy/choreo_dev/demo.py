@@ -241,9 +241,14 @@ class Demo:
         if vol is None:
             console.print("[yellow]the webhook did not inject the schedule volume[/]")
             return
+        sidecar = next((c for c in pod["spec"].get("initContainers") or []
+                        if c["name"] == "choreo-unpack"), None)
+        how = (f"mounted ConfigMap [bold]{vol['configMap']['name']}[/] (gzipped XML) into "
+               f"its sidecar {sidecar['name']}, which inflates it to /etc/choreo,"
+               if sidecar else
+               f"mounted ConfigMap [bold]{vol['configMap']['name']}[/] at /etc/choreo and")
         console.print(f"pod {pod['metadata']['name']} on {pod['spec']['nodeName']}: the webhook "
-                      f"mounted ConfigMap [bold]{vol['configMap']['name']}[/] at /etc/choreo and "
-                      f"set MSCCL_ALGO_DIR={env.get('MSCCL_ALGO_DIR')}; NCCL_ALGO is left to "
+                      f"{how} set MSCCL_ALGO_DIR={env.get('MSCCL_ALGO_DIR')}; NCCL_ALGO is left to "
                       f"the pod ({env.get('NCCL_ALGO') or 'unset'}), so calls without a file "
                       "run NCCL's own choice")
 

@@ -141,7 +141,8 @@ def start_choreo(env: DemoEnv, agent_pods: dict[str, str]) -> None:
     stack.start("synthesizer", synthesizer_argv(ports["grpc"], ports["synthesizer"], workers=2))
     stack.start("operator", operator_argv(
         env.info.kubeconfig, f"{HOST}:{ports['grpc']}", ports["operator"], ports["webhook"],
-        stack.root / "certs", ["--webhook-config", f"{RELEASE}-operator"]))
+        stack.root / "certs", ["--webhook-config", f"{RELEASE}-operator",
+                               "--unpack-image", chart_image()]))
     env.scripts.mkdir(parents=True, exist_ok=True)
     options = AgentOptions(fabric=FABRIC, namespace=NAMESPACE, poll=0.25, recover_after=2.0)
     for i, node in enumerate(NODES):
@@ -153,6 +154,14 @@ def start_choreo(env: DemoEnv, agent_pods: dict[str, str]) -> None:
     stack.wait_port("synthesizer", ports["grpc"])
     stack.wait_port("operator", ports["operator"])
     stack.wait_port("operator", ports["webhook"])
+
+
+def chart_image() -> str:
+    """The chart's default image, which its operator also names for the unpacking sidecar
+    (``webhook.packedSchedules``): the demo's operator delivers schedules as the chart's does."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    return f"{values['operator']['image']['repository']}:{chart['appVersion']}"
 
 
 def start_prometheus(env: DemoEnv) -> None:
