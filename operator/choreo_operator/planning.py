@@ -149,12 +149,14 @@ class FabricCache:
 def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placement],
                 fabric: Fabric, *, max_buckets: int, restarts: int, timeout_seconds: float,
                 trims: Mapping[str, Mapping[str, Trim]] | None = None,
-                subs: Subfabrics | None = None,
+                subs: Subfabrics | None = None, packed: bool = False,
                 ) -> tuple[list[GroupPlan], dict[str, Blocked]]:
     """The plan of every group of placed, connected tenants, and why each other job waits.
 
     ``trims``: per job and collective, the sizes still asked for (learned when smaller sizes'
-    files did not fit a pod's ConfigMap); ``subs``: sub-fabrics cached from earlier rounds."""
+    files did not fit a pod's ConfigMap); ``subs``: sub-fabrics cached from earlier rounds;
+    ``packed``: schedules are published gzipped, which the inputs hash covers, so a switch
+    republishes every job in the new form (a plain hash is the same as before packing)."""
     subs = subs if subs is not None else Subfabrics()
     trims = trims or {}
     topo = fabric.topology
@@ -208,7 +210,8 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
         # Every round asks every group's hash; encoding hundreds of ranks (and the
         # collectives' reprs) for each was a third of a round at 4,000 nodes, 160 tenants.
         key = (fingerprint, tuple(tenants),
-               tuple((f, getattr(options, f)) for f in HASHED_OPTIONS), ranks)
+               tuple((f, getattr(options, f)) for f in HASHED_OPTIONS)
+               + ((("packed", True),) if packed else ()), ranks)
         hashed = subs.hashed(key, functools.partial(inputs_hash, *key))
         # Trims follow from the files of these inputs: the hash leaves them out, so learning
         # one does not make the schedule just published look out of date.

@@ -99,7 +99,7 @@ class Reconciler:
             plans, blocked = plan_groups(
                 jobs, placements, fabric, max_buckets=s.max_buckets, restarts=s.restarts,
                 timeout_seconds=s.call_timeout_seconds, trims=self.reporter.trims(jobs),
-                subs=self.fabrics.subs)
+                subs=self.fabrics.subs, packed=s.packed)
             self.fabrics.subs.keep_used()
             for job in jobs:
                 if job.key in blocked:

@@ -297,6 +297,11 @@ def test_planning_is_a_pure_function_of_the_inputs() -> None:
     again, _ = plan_groups(inputs.jobs, placements, fab, **limits)
     [plan] = plans  # a and b share the NIC: one group, with a fallback for each alone
     assert not blocked and [p.inputs_hash for p in again] == [plan.inputs_hash]
+    # Packed schedules are other ConfigMaps: a switch publishes every job again, while a
+    # plain operator's hashes stay those recorded before packing existed.
+    [packed], _ = plan_groups(inputs.jobs, placements, fab, packed=True, **limits)
+    [plain], _ = plan_groups(inputs.jobs, placements, fab, packed=False, **limits)
+    assert packed.inputs_hash != plan.inputs_hash == plain.inputs_hash
     assert [j.key for j in plan.members] == ["ns/a", "ns/b"] and len(plan.singles) == 2
     # Trims follow from the published files: they change what is asked, not the hash; and
     # they hold only while the collective's spec is the one they were learned for.
