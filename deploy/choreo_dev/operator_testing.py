@@ -118,6 +118,32 @@ def crd_documents() -> list[Path]:
     return sorted(CRDS.glob("*.yaml"))
 
 
+def prepare_cluster(cluster: Any, prefix: str, webhook: str | None = None,
+                    nodes: int = 2) -> tuple[list[str], str]:
+    """What an operator test starts from: the CRDs established, the webhook registered (if
+    named), ``nodes`` DGX-H100 nodes in a rail FabricTopology named ``prefix``, and a fresh
+    namespace. The nodes' names and the namespace."""
+    for crd in crd_documents():
+        cluster.kubectl("apply", "-f", str(crd))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    if webhook is not None:
+        cluster.apply(webhook_manifest(webhook))
+    names = cluster.add_nodes(nodes, gpus=8, prefix=prefix)
+    ns = cluster.create_namespace(prefix)
+    cluster.apply(rail_fabric(prefix, names))
+    return names, ns
+
+
+def collective_job(name: str, collective: str = "allreduce", min_bytes: int = 1 << 20,
+                   max_bytes: int = 1 << 26) -> dict[str, Any]:
+    """A CollectiveJob ``name`` of one collective, selecting pods labelled ``tenant=name``."""
+    return {"apiVersion": "choreo.dev/v1alpha1", "kind": "CollectiveJob",
+            "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": {"tenant": name}},
+                     "collectives": [{"name": "grads", "collective": collective,
+                                      "minBytes": min_bytes, "maxBytes": max_bytes}]}}
+
+
 def webhook_manifest(name: str = "choreo-operator") -> dict[str, object]:
     """The MutatingWebhookConfiguration from deploy/manifests with ``name``."""
     doc = yaml.safe_load((MANIFESTS / "operator-webhook.yaml").read_text())

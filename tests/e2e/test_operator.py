@@ -100,13 +100,7 @@ def _job(name: str, selector: dict[str, str], **extra: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("operator")
-    for crd in T.crd_documents():
-        cluster.kubectl("apply", "-f", str(crd))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-    cluster.apply(T.webhook_manifest(WEBHOOK))
-    nodes = cluster.add_nodes(2, gpus=8, prefix="op")
-    ns = cluster.create_namespace("op")
-    cluster.apply(T.rail_fabric("e2e", nodes))
+    nodes, ns = T.prepare_cluster(cluster, "op", webhook=WEBHOOK)
     synth, synth_port = T.start_synthesizer(logs / "synth.log")
     st = Stack(cluster, logs, synth, synth_port, synth, T.OperatorPorts(T.free_port(),
                                                                         T.free_port()), ns, nodes)
@@ -116,7 +110,7 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     finally:
         st.operator.stop()
         st.synth.stop()
-        for path in (f"{GROUP}/fabrictopologies/e2e",
+        for path in (f"{GROUP}/fabrictopologies/op",
                      f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{WEBHOOK}"):
             with contextlib.suppress(ApiException):
                 cluster.client.delete(path)

@@ -84,12 +84,7 @@ class HA:
 @pytest.fixture(scope="module")
 def ha(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HA]:
     logs = tmp_path_factory.mktemp("operator-ha")
-    for crd in T.crd_documents():
-        cluster.kubectl("apply", "-f", str(crd))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-    nodes = cluster.add_nodes(2, gpus=8, prefix="ha")
-    ns = cluster.create_namespace("ha")
-    cluster.apply(T.rail_fabric("ha", nodes))
+    nodes, ns = T.prepare_cluster(cluster, "ha")
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps({
         "apiVersion": "choreo.dev/v1alpha1", "kind": "CollectiveJob", "metadata": {"name": "ha"},
         "spec": {"selector": {"matchLabels": {"tenant": "ha"}},

@@ -48,24 +48,14 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("packed")
-    for crd in T.crd_documents():
-        cluster.kubectl("apply", "-f", str(crd))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-    cluster.apply(T.webhook_manifest(WEBHOOK))
-    nodes = cluster.add_nodes(2, gpus=8, prefix="pk")
-    ns = cluster.create_namespace("pk")
-    cluster.apply(T.rail_fabric("packed", nodes))
+    nodes, ns = T.prepare_cluster(cluster, "packed", webhook=WEBHOOK)
     synth, port = T.start_synthesizer(logs / "synth.log")
     operator = synth
     try:
         operator, _ = T.start_operator(
             logs / "operator.log", cluster.info.kubeconfig, f"127.0.0.1:{port}", logs / "certs",
             extra=["--webhook-config", WEBHOOK, "--debounce", "0.2", "--unpack-image", IMAGE])
-        job = {"apiVersion": "choreo.dev/v1alpha1", "kind": "CollectiveJob",
-               "metadata": {"name": "pk"},
-               "spec": {"selector": {"matchLabels": {"tenant": "pk"}},
-                        "collectives": [{"name": "grads", "collective": "allreduce",
-                                         "minBytes": 1 << 20, "maxBytes": 1 << 30}]}}
+        job = T.collective_job("pk", max_bytes=1 << 30)
         cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(job))
         st = Stack(cluster, ns, operator)
         # The operator knows the job (its status says so), and the pods are admitted before
