@@ -696,25 +696,60 @@ def _busy_synthesizer_run(request_slots: int) -> tuple[FakeApi, int, int]:
             finally:
                 in_flight -= 1
 
-    names = "abcdef"
+    api = FakeApi()
+    _startup(api, BusySynth(), Settings(request_slots=request_slots,
+                                        backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+    return api, refused, most
+
+
+GROUPS = "abcdef"
+
+
+def _startup(api: FakeApi, synth: FakeSynth, settings: Settings) -> None:
+    """An operator's first round over six single-tenant groups, until all are Ready."""
     coll = {"name": "grads", "collective": "allreduce", "minBytes": 1 << 20, "maxBytes": 1 << 22}
     pods = [PodInfo("ns", f"{t}0", f"{t}0", (("t", t),), f"n{i}", 8, None,
                     (("batch.kubernetes.io/job-completion-index", "0"),), (), True)
-            for i, t in enumerate(names)]
-    inputs = Inputs([fabric(len(names))], {}, [],
-                    {f"n{i}": NodeInfo(f"n{i}", True, 8) for i in range(len(names))},
-                    [job(t, collectives=[coll]) for t in names], pods)
-    api = FakeApi()
-    rec = Reconciler(lambda: inputs, api, BusySynth(), Settings(
-        request_slots=request_slots, backoff_initial_seconds=0.01, backoff_max_seconds=0.02))
+            for i, t in enumerate(GROUPS)]
+    inputs = Inputs([fabric(len(GROUPS))], {}, [],
+                    {f"n{i}": NodeInfo(f"n{i}", True, 8) for i in range(len(GROUPS))},
+                    [job(t, collectives=[coll]) for t in GROUPS], pods)
+    rec = Reconciler(lambda: inputs, api, synth, settings)
 
     async def main() -> None:
         await rec.round({"startup"}, 0.0)
         await _landed(rec)
     asyncio.run(main())
-    for t in names:
+    for t in GROUPS:
         assert api.status(t)["phase"] == "Ready"
-    return api, refused, most
+
+
+def test_answers_wait_for_their_publication_in_the_request_slot() -> None:
+    """Answers faster than publications must not pile up in memory: a group keeps its
+    request slot until its answer is published, so at most that many answers are held."""
+    held, most = 0, 0
+
+    class Counting(FakeSynth):
+        async def synthesize(self, request: Any, timeout: float) -> Any:
+            nonlocal held, most
+            answer = await super().synthesize(request, timeout)
+            held += 1
+            most = max(most, held)
+            return answer
+
+    class SlowWrites(FakeApi):
+        async def create(self, path: str, body: dict[str, Any]) -> Any:
+            await asyncio.sleep(0.02 if body.get("kind") == "ConfigMap" else 0)
+            return await super().create(path, body)
+
+        async def merge_patch(self, path: str, patch: dict[str, Any]) -> Any:
+            nonlocal held
+            if path.endswith("/status") and "configMap" in (patch.get("status") or {}):
+                held -= 1  # published
+            return await super().merge_patch(path, patch)
+
+    _startup(SlowWrites(), Counting(), Settings(request_slots=2, publish_slots=1))
+    assert most == 2 and held == 0
 
 
 def _degraded(api: FakeApi) -> int:
