@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import gzip
 import hashlib
 import json
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from choreo.msccl.split import split_per_node
+from choreo.service.client import gzip_xml, inflate_xml
 from choreo_api import API_VERSION, CollectiveJob, CollectiveSpec
 
 SPLIT_BYTES = 900 * 1024  # below the 1 MiB object limit, leaving room for metadata
@@ -132,7 +132,7 @@ class Files(Mapping[str, str]):
 
     def __getitem__(self, key: str) -> str:
         body = self._files[key]
-        text = gzip.decompress(body).decode() if isinstance(body, bytes) else body
+        text = inflate_xml(body)
         if key not in self._digests:
             self._digests[key] = _digest(text)
         return text
@@ -157,10 +157,9 @@ class Files(Mapping[str, str]):
         return len(self._files)
 
     def packed(self, key: str) -> bytes:
-        """The file gzipped: as the synthesizer sent it, or compressed now (level 1, as the
-        synthesizer does; no timestamp, so the same text gives the same bytes)."""
+        """The file gzipped: as the synthesizer sent it, or compressed now as it would."""
         body = self._files[key]
-        return body if isinstance(body, bytes) else pack(body)
+        return body if isinstance(body, bytes) else gzip_xml(body)
 
     def add(self, key: str, body: str | bytes) -> None:
         """A file as sent: plain text, or gzip."""
@@ -175,10 +174,6 @@ class Files(Mapping[str, str]):
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def pack(text: str) -> bytes:
-    return gzip.compress(text.encode(), compresslevel=1, mtime=0)
 
 
 @dataclass
@@ -329,7 +324,7 @@ def fit_per_pod(schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]], fi
             k: dict(split_per_node(schedule.files[k], part_of_rank, check_xml=False))
             for k in keys}
         if schedule.packed:
-            pieces = {k: {pod: pack(str(text)) for pod, text in p.items()}
+            pieces = {k: {pod: gzip_xml(str(text)) for pod, text in p.items()}
                       for k, p in pieces.items()}
         need = {pod: sum(len(k) + _size(p[pod]) for k, p in pieces.items()) for pod in room}
         if i >= len(groups) - len(optional) and any(need[p] > room[p] for p in room):
@@ -353,7 +348,7 @@ def data_bytes(body: dict[str, Any]) -> int:
 def xml_files(body: Mapping[str, Any]) -> dict[str, str]:
     """A ConfigMap's MSCCL files as a pod's runtime reads them: packed ones inflated."""
     files = {k: v for k, v in (body.get("data") or {}).items() if k.endswith(".xml")}
-    files.update((k, gzip.decompress(base64.b64decode(v)).decode())
+    files.update((k, inflate_xml(base64.b64decode(v)))
                  for k, v in (body.get("binaryData") or {}).items() if k.endswith(".xml"))
     return files
 

@@ -12,7 +12,6 @@ an MSCCL program may name nothing but the tenant's GPUs.
 from __future__ import annotations
 
 import collections
-import gzip
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from choreo.report import evaluate
 from choreo.schedule import Schedule
 from choreo.service.api import pb
 from choreo.service.buckets import SizeBucket, plan_buckets
+from choreo.service.client import gzip_xml
 from choreo.service.convert import TenantSpec, Work
 from choreo.service.status import RequestError, invalid
 from choreo.synth import SynthOptions, auto_chunks, synthesize
@@ -96,9 +96,7 @@ class _Encode:
         """The file's body and the upper end of the range it serves (legacy files stop where
         their scratch would grow too large)."""
         done = self.file.lowering()
-        # Level 1: a ninth of the text on the wire, at a quarter of level 6's time.
-        body = (gzip.compress(done.text.encode(), compresslevel=1, mtime=0) if self.gzip
-                else done.text)
+        body = gzip_xml(done.text) if self.gzip else done.text
         return body, done.max_bytes
 
 
