@@ -60,6 +60,9 @@ class Lowering:
     """The program as XML text, with the facts tests and the bench report."""
 
     text: str
+    # Where the text is cut between its parts: after the head (the comment and the <algo>
+    # start tag), then after each rank's <gpu> element; the tail (</algo>) follows the last.
+    cuts: tuple[int, ...]
     epochs: int
     base_channels: int
     fused: int
@@ -382,8 +385,10 @@ class _Program:
         served = self._served(min_bytes, max_bytes, out["scratch"], units.L)
         head = head_text(self._header(units, out["nchannels"], proto, min_bytes, served, name,
                                       calls), self._comment(instances))
-        return Lowering(f"{head}\n{out['text']}</algo>\n", out["epochs"], self.base_channels,
-                        out["fused"], out["max_steps"], served)
+        at = len(head) + 1
+        return Lowering(f"{head}\n{out['text']}</algo>\n",
+                        (at, *(at + end for end in out["gpu_ends"])), out["epochs"],
+                        self.base_channels, out["fused"], out["max_steps"], served)
 
     def _served(self, min_bytes: int, max_bytes: int | None, scratch: int, L: int) -> int | None:
         """The upper end the file can serve. Legacy allocates ``maxBytes * s_chunks / L`` of

@@ -4,6 +4,7 @@
 //! elements as text. Python prepares the arrays (event order, atoms and their buffer offsets,
 //! channels, own-data copies) and turns errors into messages.
 
+use rayon::prelude::*;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet};
 use std::fmt::Write;
 
@@ -76,6 +77,8 @@ pub enum LowerError {
 
 pub struct Output {
     pub text: String,
+    /// Where each rank's `<gpu>` element ends in `text` (its newline included)
+    pub gpu_ends: Vec<usize>,
     pub epochs: i64,
     pub fused: usize,
     pub max_steps: i64,
@@ -549,145 +552,160 @@ struct Step {
     hasdep: u8,
 }
 
-fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<(String, i64), LowerError> {
+/// One rank's `<tb>` elements, and the channels it uses.
+fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String, i64), LowerError> {
     let i_n = inp.instances;
-    let mut text = String::new();
     let mut nchannels = 1;
-    let mut gpus = Vec::with_capacity(inp.n);
-    for g in 0..inp.n {
-        let plans = &plan.tbs[g];
-        let waits = &plan.waits[g];
-        // step index of each op's last piece, after its nops: what others wait for
-        let mut s_of: Vec<Vec<i64>> = Vec::with_capacity(plans.len());
-        let mut hasdep: FxHashSet<(usize, usize)> = Default::default();
-        for (ti, p) in plans.iter().enumerate() {
-            let mut cur = 0;
-            let mut idx = Vec::with_capacity(p.ops.len());
-            for (keep, op) in waits[ti].iter().zip(&p.ops) {
-                cur += (keep.len() as i64 - 1).max(0) + pieces(op.cnt, inp.max_cnt);
-                idx.push(cur - 1);
-                hasdep.extend(keep.iter().copied());
+    let plans = &plan.tbs[g];
+    let waits = &plan.waits[g];
+    // step index of each op's last piece, after its nops: what others wait for
+    let mut s_of: Vec<Vec<i64>> = Vec::with_capacity(plans.len());
+    let mut hasdep: FxHashSet<(usize, usize)> = Default::default();
+    for (ti, p) in plans.iter().enumerate() {
+        let mut cur = 0;
+        let mut idx = Vec::with_capacity(p.ops.len());
+        for (keep, op) in waits[ti].iter().zip(&p.ops) {
+            cur += (keep.len() as i64 - 1).max(0) + pieces(op.cnt, inp.max_cnt);
+            idx.push(cur - 1);
+            hasdep.extend(keep.iter().copied());
+        }
+        s_of.push(idx);
+    }
+    // Threadblocks others wait on come first, so every depid stays below the runtimes'
+    // int8_t limit as long as there are few enough of them.
+    let mut target = vec![false; plans.len()];
+    for &(tt, _) in &hasdep {
+        target[tt] = true;
+    }
+    let targets = target.iter().filter(|&&x| x).count() * i_n as usize;
+    if targets > inp.max_dep_targets {
+        return Err(LowerError::DepTargets(g as i64, targets));
+    }
+    let mut order: Vec<usize> = (0..plans.len()).filter(|&ti| target[ti]).collect();
+    order.extend((0..plans.len()).filter(|&ti| !target[ti]));
+    let mut first_id = vec![0i64; plans.len()];
+    for (k, &ti) in order.iter().enumerate() {
+        first_id[ti] = k as i64 * i_n;
+    }
+    let mut body = String::new();
+    let mut tb_count = 0;
+    let mut step_count = 0;
+    for &ti in &order {
+        let p = &plans[ti];
+        let mut steps: Vec<Step> = Vec::new();
+        for (k, op) in p.ops.iter().enumerate() {
+            let keep = &waits[ti][k];
+            for &(tt, kk) in keep.iter().take(keep.len().saturating_sub(1)) {
+                steps.push(Step {
+                    kind: "nop",
+                    src: (b'i', -1),
+                    dst: (b'o', -1),
+                    cnt: 0,
+                    depid: tt as i64,
+                    deps: s_of[tt][kk],
+                    hasdep: 0,
+                });
             }
-            s_of.push(idx);
-        }
-        // Threadblocks others wait on come first, so every depid stays below the runtimes'
-        // int8_t limit as long as there are few enough of them.
-        let mut target = vec![false; plans.len()];
-        for &(tt, _) in &hasdep {
-            target[tt] = true;
-        }
-        let targets = target.iter().filter(|&&x| x).count() * i_n as usize;
-        if targets > inp.max_dep_targets {
-            return Err(LowerError::DepTargets(g as i64, targets));
-        }
-        let mut order: Vec<usize> = (0..plans.len()).filter(|&ti| target[ti]).collect();
-        order.extend((0..plans.len()).filter(|&ti| !target[ti]));
-        let mut first_id = vec![0i64; plans.len()];
-        for (k, &ti) in order.iter().enumerate() {
-            first_id[ti] = k as i64 * i_n;
-        }
-        let mut body = String::new();
-        let mut tb_count = 0;
-        let mut step_count = 0;
-        for &ti in &order {
-            let p = &plans[ti];
-            let mut steps: Vec<Step> = Vec::new();
-            for (k, op) in p.ops.iter().enumerate() {
-                let keep = &waits[ti][k];
-                for &(tt, kk) in keep.iter().take(keep.len().saturating_sub(1)) {
-                    steps.push(Step {
-                        kind: "nop",
-                        src: (b'i', -1),
-                        dst: (b'o', -1),
-                        cnt: 0,
-                        depid: tt as i64,
-                        deps: s_of[tt][kk],
-                        hasdep: 0,
-                    });
-                }
-                let (dep, deps) = match keep.last() {
-                    Some(&(tt, kk)) => (tt as i64, s_of[tt][kk]),
-                    None => (-1, -1),
-                };
-                let mut dst = op.dst;
-                if op.kind == "s" && dst.0 == b's' && dst.1 >= h.scratch[g] {
-                    // The runtime ignores where a send's data lands; name the receiver's slot
-                    // only where this rank's parser accepts the offset.
-                    dst = (b's', -1);
-                }
-                let n = pieces(op.cnt, inp.max_cnt);
-                for j in 0..n {
-                    let done = j * inp.max_cnt;
-                    let last = j == n - 1;
-                    steps.push(Step {
-                        kind: op.kind,
-                        src: (op.src.0, moved(op.src.1, done)),
-                        dst: (dst.0, moved(dst.1, done)),
-                        cnt: inp.max_cnt.min(op.cnt - done),
-                        depid: if j == 0 { dep } else { -1 },
-                        deps: if j == 0 { deps } else { -1 },
-                        hasdep: u8::from(last && hasdep.contains(&(ti, k))),
-                    });
-                }
+            let (dep, deps) = match keep.last() {
+                Some(&(tt, kk)) => (tt as i64, s_of[tt][kk]),
+                None => (-1, -1),
+            };
+            let mut dst = op.dst;
+            if op.kind == "s" && dst.0 == b's' && dst.1 >= h.scratch[g] {
+                // The runtime ignores where a send's data lands; name the receiver's slot
+                // only where this rank's parser accepts the offset.
+                dst = (b's', -1);
             }
-            for u in 0..i_n {
-                let chan = p.chan * i_n + u;
-                nchannels = nchannels.max(chan + 1);
-                tb_count += 1;
-                step_count += steps.len();
+            let n = pieces(op.cnt, inp.max_cnt);
+            for j in 0..n {
+                let done = j * inp.max_cnt;
+                let last = j == n - 1;
+                steps.push(Step {
+                    kind: op.kind,
+                    src: (op.src.0, moved(op.src.1, done)),
+                    dst: (dst.0, moved(dst.1, done)),
+                    cnt: inp.max_cnt.min(op.cnt - done),
+                    depid: if j == 0 { dep } else { -1 },
+                    deps: if j == 0 { deps } else { -1 },
+                    hasdep: u8::from(last && hasdep.contains(&(ti, k))),
+                });
+            }
+        }
+        for u in 0..i_n {
+            let chan = p.chan * i_n + u;
+            nchannels = nchannels.max(chan + 1);
+            tb_count += 1;
+            step_count += steps.len();
+            let _ = write!(
+                body,
+                "\n    <tb id=\"{}\" send=\"{}\" recv=\"{}\" chan=\"{}\">",
+                first_id[ti] + u,
+                p.send,
+                p.recv,
+                chan
+            );
+            for (s, st) in steps.iter().enumerate() {
+                let depid = if st.depid >= 0 { first_id[st.depid as usize] + u } else { -1 };
                 let _ = write!(
                     body,
-                    "\n    <tb id=\"{}\" send=\"{}\" recv=\"{}\" chan=\"{}\">",
-                    first_id[ti] + u,
-                    p.send,
-                    p.recv,
-                    chan
+                    "\n      <step s=\"{}\" type=\"{}\" srcbuf=\"{}\" srcoff=\"{}\" dstbuf=\"{}\" \
+                     dstoff=\"{}\" cnt=\"{}\" depid=\"{}\" deps=\"{}\" hasdep=\"{}\"/>",
+                    s,
+                    st.kind,
+                    buf(st.src.0),
+                    inst(st.src.1, i_n, u),
+                    buf(st.dst.0),
+                    inst(st.dst.1, i_n, u),
+                    st.cnt,
+                    depid,
+                    st.deps,
+                    st.hasdep
                 );
-                for (s, st) in steps.iter().enumerate() {
-                    let depid = if st.depid >= 0 { first_id[st.depid as usize] + u } else { -1 };
-                    let _ = write!(
-                        body,
-                        "\n      <step s=\"{}\" type=\"{}\" srcbuf=\"{}\" srcoff=\"{}\" dstbuf=\"{}\" \
-                         dstoff=\"{}\" cnt=\"{}\" depid=\"{}\" deps=\"{}\" hasdep=\"{}\"/>",
-                        s,
-                        st.kind,
-                        buf(st.src.0),
-                        inst(st.src.1, i_n, u),
-                        buf(st.dst.0),
-                        inst(st.dst.1, i_n, u),
-                        st.cnt,
-                        depid,
-                        st.deps,
-                        st.hasdep
-                    );
-                }
-                body.push_str("\n    </tb>");
             }
+            body.push_str("\n    </tb>");
         }
-        if tb_count > inp.max_tbs {
-            return Err(LowerError::Threadblocks(g as i64, tb_count));
-        }
-        let nodes = 1 + inp.n + tb_count + step_count;
-        if inp.max_nodes > 0 && nodes > inp.max_nodes {
-            return Err(LowerError::Nodes(g as i64, nodes));
-        }
-        gpus.push((g, body));
+    }
+    if tb_count > inp.max_tbs {
+        return Err(LowerError::Threadblocks(g as i64, tb_count));
+    }
+    let nodes = 1 + inp.n + tb_count + step_count;
+    if inp.max_nodes > 0 && nodes > inp.max_nodes {
+        return Err(LowerError::Nodes(g as i64, nodes));
+    }
+    Ok((body, nchannels))
+}
+
+/// Every rank's `<gpu>` element, written side by side (each is independent of the others);
+/// with the channels used and where each element ends in the text. The error is the first
+/// rank's, as a rank-by-rank pass would find it.
+fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<(String, i64, Vec<usize>), LowerError> {
+    let ranks: Vec<Result<(String, i64), LowerError>> =
+        (0..inp.n).into_par_iter().map(|g| emit_rank(inp, h, plan, g)).collect();
+    let mut gpus = Vec::with_capacity(inp.n);
+    let mut nchannels = 1;
+    for rank in ranks {
+        let (body, chans) = rank?;
+        nchannels = nchannels.max(chans);
+        gpus.push(body);
     }
     if nchannels > inp.max_channels {
         return Err(LowerError::TooManyChannels(nchannels));
     }
-    for (g, body) in gpus {
+    let mut text = String::with_capacity(gpus.iter().map(|b| b.len() + 96).sum());
+    let mut ends = Vec::with_capacity(inp.n);
+    for (g, body) in gpus.into_iter().enumerate() {
         let _ = write!(
             text,
             "  <gpu id=\"{}\" i_chunks=\"{}\" o_chunks=\"{}\" s_chunks=\"{}\">{}\n  </gpu>\n",
             g,
             inp.in_units,
             inp.out_units,
-            h.scratch[g] * i_n,
+            h.scratch[g] * inp.instances,
             body
         );
+        ends.push(text.len());
     }
-    Ok((text, nchannels))
+    Ok((text, nchannels, ends))
 }
 
 /// The largest scratch buffer of any rank, in the file's units.
@@ -710,9 +728,9 @@ pub fn lower(inp: &Input) -> Result<Output, LowerError> {
         let grown = (epochs as f64 * plan.max_steps as f64 / (0.8 * inp.max_steps as f64)).ceil();
         epochs = (epochs + 1).max(grown as i64);
     };
-    let (text, nchannels) = emit(inp, &h, &plan)?;
+    let (text, nchannels, gpu_ends) = emit(inp, &h, &plan)?;
     let scratch = max_scratch(inp, &h);
-    Ok(Output { text, epochs, fused: plan.fused, max_steps: plan.max_steps, nchannels, scratch })
+    Ok(Output { text, gpu_ends, epochs, fused: plan.fused, max_steps: plan.max_steps, nchannels, scratch })
 }
 
 #[cfg(test)]

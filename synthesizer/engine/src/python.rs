@@ -164,6 +164,7 @@ fn lower_tenant<'py>(
     match result {
         Ok(o) => {
             out.set_item("text", o.text)?;
+            out.set_item("gpu_ends", o.gpu_ends)?;
             out.set_item("epochs", o.epochs)?;
             out.set_item("fused", o.fused)?;
             out.set_item("max_steps", o.max_steps)?;
