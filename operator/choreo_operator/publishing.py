@@ -303,7 +303,7 @@ def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any,
             if not to_nccl:  # one range may have two files (legacy: in place, out of place)
                 sizes[(bucket.min_bytes, bucket.max_bytes)] = replace(
                     served, files=(*served.files, key))
-                schedule.files.add(key, bucket_body(bucket))
+                schedule.files.add(key, bucket_body(bucket), bucket.xml_gzip_member_ends)
             if not bucket.verification.ok:
                 schedule.verified = False
                 schedule.errors.extend(bucket.verification.errors)

@@ -24,8 +24,8 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from choreo.msccl.packed import gzip_xml, inflate_xml, split_members
 from choreo.msccl.split import split_per_node
-from choreo.service.client import gzip_xml, inflate_xml
 from choreo_api import API_VERSION, CollectiveJob, CollectiveSpec
 
 SPLIT_BYTES = 900 * 1024  # below the 1 MiB object limit, leaving room for metadata
@@ -128,6 +128,7 @@ class Files(Mapping[str, str]):
 
     def __init__(self, files: Mapping[str, str | bytes] | None = None) -> None:
         self._files = dict(files or {})
+        self._members: dict[str, tuple[int, ...]] = {}
         self._digests: dict[str, str] = {}
 
     def __getitem__(self, key: str) -> str:
@@ -140,15 +141,37 @@ class Files(Mapping[str, str]):
     def size(self, key: str) -> int:
         """Bytes of the file's text, without inflating it (gzip's trailer says)."""
         body = self._files[key]
-        if isinstance(body, bytes):
-            return int.from_bytes(body[-4:], "little")  # ISIZE: exact below 4 GiB
+        if isinstance(body, bytes):  # each member's ISIZE: exact below 4 GiB
+            ends = self._members.get(key, (len(body),))
+            return sum(int.from_bytes(body[e - 4:e], "little") for e in ends)
         return len(body.encode())
 
     def digest(self, key: str) -> str:
-        """SHA-256 of the file's text (read once if it has not been)."""
+        """SHA-256 of the file's text (read once if it has not been); of a file sent in
+        gzip members, of its gzip, which is as deterministic and needs no inflating."""
         if key not in self._digests:
-            self[key]
+            body = self._files[key]
+            if isinstance(body, bytes) and key in self._members:
+                self._digests[key] = "gzip:" + hashlib.sha256(body).hexdigest()
+            else:
+                self[key]
         return self._digests[key]
+
+    def per_node(self, key: str, node_of_rank: Sequence[str], packed: bool,
+                 ) -> dict[str, str | bytes]:
+        """node name -> the file with only that node's ranks: joined from the file's gzip
+        members where it was sent so (nothing is inflated, or only each node's own part),
+        else cut from its text."""
+        body = self._files[key]
+        if isinstance(body, bytes) and key in self._members:
+            return split_members(body, self._members[key], node_of_rank, packed=packed)
+        # The synthesizer's own lowering: the cut checks only what it relies on (expat
+        # would take two thirds of the time).
+        pieces: dict[str, str | bytes] = dict(split_per_node(self[key], node_of_rank,
+                                                             check_xml=False))
+        if packed:
+            pieces = {node: gzip_xml(str(text)) for node, text in pieces.items()}
+        return pieces
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._files)
@@ -161,13 +184,16 @@ class Files(Mapping[str, str]):
         body = self._files[key]
         return body if isinstance(body, bytes) else gzip_xml(body)
 
-    def add(self, key: str, body: str | bytes) -> None:
-        """A file as sent: plain text, or gzip."""
+    def add(self, key: str, body: str | bytes, member_ends: Sequence[int] = ()) -> None:
+        """A file as sent: plain text, or gzip (in members, ending at ``member_ends``)."""
         self._files[key] = body
+        if member_ends and isinstance(body, bytes):
+            self._members[key] = tuple(member_ends)
 
     def without(self, keys: Collection[str]) -> Files:
         kept = copy.copy(self)
         kept._files = {k: v for k, v in self._files.items() if k not in keys}
+        kept._members = {k: v for k, v in self._members.items() if k not in keys}
         kept._digests = {k: v for k, v in self._digests.items() if k not in keys}
         return kept
 
@@ -318,14 +344,7 @@ def fit_per_pod(schedule: Schedule, pod_ranks: Mapping[str, tuple[int, int]], fi
     groups = [[k] for k in schedule.files if k not in left] + [list(r.files) for r in optional]
     split: dict[str, dict[str, str | bytes]] = {}
     for i, keys in enumerate(groups):
-        # The synthesizer's own lowering: the cut checks only what it relies on (expat
-        # would take two thirds of the time).
-        pieces: dict[str, dict[str, str | bytes]] = {
-            k: dict(split_per_node(schedule.files[k], part_of_rank, check_xml=False))
-            for k in keys}
-        if schedule.packed:
-            pieces = {k: {pod: gzip_xml(str(text)) for pod, text in p.items()}
-                      for k, p in pieces.items()}
+        pieces = {k: schedule.files.per_node(k, part_of_rank, schedule.packed) for k in keys}
         need = {pod: sum(len(k) + _size(p[pod]) for k, p in pieces.items()) for pod in room}
         if i >= len(groups) - len(optional) and any(need[p] > room[p] for p in room):
             return without(schedule, {k for g in groups[i:] for k in g}), split

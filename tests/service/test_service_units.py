@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -16,6 +17,7 @@ from choreo.service import protos, work, worker
 from choreo.service.api import pb
 from choreo.service.buckets import plan_buckets
 from choreo.service.cache import Memo, ResultCache, cache_key
+from choreo.service.client import bucket_xml
 from choreo.service.convert import (
     DIALECTS,
     ENGINES,
@@ -196,3 +198,23 @@ def test_a_helper_process_changes_nothing_but_who_does_the_work() -> None:
         helper.kill()
         helper.join(timeout=10)
         lend.close()
+
+
+def test_large_files_come_gzipped_one_member_per_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file from the size where it will be cut per pod comes in members (its head, each
+    rank's element, its tail) whose ends the bucket lists; the text is the plain answer's."""
+    job = _helper_work()
+    plain = _without_timing(work.run(job, lambda *_: None)).tenants[0].collectives[0].buckets
+    packed = Work(job.fabric, job.tenants, replace(job.options, gzip=True), job.result_id)
+    monkeypatch.setattr(work, "MEMBERS_FROM_BYTES", 0)
+    members = _without_timing(work.run(packed, lambda *_: None)).tenants[0].collectives[0]
+    assert [b.file_name for b in members.buckets] == [b.file_name for b in plain]
+    assert sum(bool(b.file_name) for b in plain) >= 2  # the others: NCCL is faster there
+    for a, b in ((a, b) for a, b in zip(plain, members.buckets, strict=True) if a.file_name):
+        assert len(b.xml_gzip_member_ends) == 16 + 2 and not b.xml
+        assert b.xml_gzip_member_ends[-1] == len(b.xml_gzip)
+        assert bucket_xml(b) == a.xml
+    monkeypatch.setattr(work, "MEMBERS_FROM_BYTES", 1 << 40)
+    whole = _without_timing(work.run(packed, lambda *_: None)).tenants[0].collectives[0]
+    assert all(not b.xml_gzip_member_ends and bucket_xml(b) == a.xml
+               for a, b in zip(plain, whole.buckets, strict=True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from choreo.msccl import (
     validate,
 )
 from choreo.msccl.lower import lower
+from choreo.msccl.packed import gzip_parts, gzip_xml, inflate_xml, split_members
 from choreo.msccl.parse import parse
 from choreo.msccl.xmlmodel import Gpu
 from choreo.schedule import Schedule
@@ -200,6 +202,36 @@ def _without_lines(gpus: list[Gpu]) -> list[tuple[object, ...]]:
     return [(g.id, g.i_chunks, g.o_chunks, g.s_chunks,
              [(t.id, t.send, t.recv, t.chan, [replace(st, line=0) for st in t.steps])
               for t in g.tbs]) for g in gpus]
+
+
+def test_a_file_gzipped_per_rank_is_cut_per_node_by_joining_members() -> None:
+    """The lowering says where each rank's element lies; gzipped one member per part, the
+    file inflates whole, and each node's file is its new head, its ranks' members as they
+    are and the tail: the same text the cut of the whole file gives, packed or plain."""
+    low = lower(schedule("dgx-h100-2", "allreduce", 2), 0)
+    assert len(low.cuts) == 17
+    for rank, (a, b) in enumerate(itertools.pairwise(low.cuts)):
+        assert low.text[a:b].startswith(f'  <gpu id="{rank}" ') and low.text[a:b].endswith(
+            "</gpu>\n")
+    body, ends = gzip_parts(low.text, low.cuts)
+    assert len(ends) == 18 and ends[-1] == len(body)
+    assert inflate_xml(body) == low.text
+    nodes = ["node-a"] * 8 + ["node-b"] * 8
+    want = split_per_node(low.text, nodes)
+    plain = split_members(body, ends, nodes, packed=False)
+    packed = split_members(body, ends, nodes, packed=True)
+    assert plain == want
+    assert {k: inflate_xml(v) for k, v in packed.items()} == want
+    assert all(validate(part) == [] for part in plain.values())
+    whole = gzip_xml(low.text)
+    # The members cost a little room: each restarts the compressor.
+    assert len(whole) < len(body) < 1.5 * len(whole)
+    with pytest.raises(InputError, match="not contiguous"):
+        split_members(body, ends, [f"n{r % 2}" for r in range(16)], packed=True)
+    with pytest.raises(InputError, match="17 gzip members for 16 ranks"):
+        split_members(body, ends[1:], nodes, packed=True)
+    with pytest.raises(InputError, match="does not inflate"):
+        split_members(body[:-1] + b"x", ends, nodes, packed=False)
 
 
 # ---- relays -------------------------------------------------------------------------------------

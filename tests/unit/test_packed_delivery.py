@@ -20,6 +20,7 @@ from api_helpers import valid
 from choreo import msccl
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
+from choreo.msccl.packed import gzip_parts
 from choreo.synth import synthesize
 from choreo_operator import model, results, webhook
 from choreo_operator.unpack import run, unpack
@@ -77,6 +78,43 @@ def test_packed_pieces_per_pod_inflate_to_the_plain_pieces(xml: str) -> None:
         assert results.xml_files(b) == results.xml_files(a)
         assert results.xml_files(b)["grads-0.xml"].count("<gpu ") == 8
         assert results.data_bytes(b) * 5 < results.data_bytes(a)
+
+
+def test_a_file_sent_in_members_is_cut_per_pod_without_inflating_it(
+        xml: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The synthesizer sends a large file gzipped one member per rank: the operator joins
+    each pod's members and neither inflates nor compresses the file, yet every pod's
+    ConfigMap holds what the cut of the text gives; plain pieces inflate only their own."""
+    job = _job("a")
+    pods = {f"p{h}": (8 * h, 8 * h + 7) for h in range(2)}
+    index = {p: h for h, p in enumerate(pods)}
+    body, ends = gzip_parts(xml, _cuts(xml))
+    for packed in (True, False):
+        _, (_, _, want) = results.config_maps(job, _schedule(xml, packed), pods, index, "in",
+                                              "fp", split_bytes=10)
+        files = results.Files()
+        files.add("grads-0.xml", body, ends)
+        sent = results.Schedule(files, [{"rank": r} for r in range(16)], packed=packed)
+        with monkeypatch.context() as m:
+            if packed:  # nothing is inflated: the members are joined as they are
+                m.setattr(results, "inflate_xml", _refuse)
+            _, (_, parts, got) = results.config_maps(job, sent, pods, index, "in", "fp",
+                                                     split_bytes=10)
+        assert [p.first for p in parts] == [0, 8]
+        assert [results.xml_files(b) for b in got] == [results.xml_files(b) for b in want]
+        assert files.size("grads-0.xml") == len(xml.encode())
+
+
+def _cuts(xml: str) -> list[int]:
+    """Where the file's head and each <gpu> element end, as the lowering reports them."""
+    cuts = [xml.index("  <gpu ")]
+    while (end := xml.find("</gpu>\n", cuts[-1])) >= 0:
+        cuts.append(end + len("</gpu>\n"))
+    return cuts
+
+
+def _refuse(body: object) -> str:
+    raise AssertionError("inflated a file sent in members")
 
 
 def test_the_alias_switching_between_plain_and_packed_keeps_no_key_in_both(xml: str) -> None:

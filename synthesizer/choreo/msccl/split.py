@@ -85,12 +85,32 @@ def split_per_node(xml: str, node_of_rank: Sequence[str], *,
     # the files would otherwise all be held at the end.
     for name in list(by_node):
         members = by_node.pop(name)
-        if "--" in name or not name.strip():
-            raise InputError(f"split: node name {name!r} cannot be written into an XML comment")
-        head = f"<!-- {comment} node={name} gpus={','.join(ids[name])} -->\n"
-        inner = "".join(f"\n  {m}" for m in members)
-        out[name] = head.replace("<!--  ", "<!-- ") + algo.group(0) + inner + "\n</algo>\n"
+        inner = "".join(f"  {m}\n" for m in members)
+        out[name] = node_head(comment, algo.group(0), name, ids[name]) + inner + TAIL
     return out
+
+
+TAIL = "</algo>\n"
+
+
+def node_head(comment: str, algo_tag: str, name: str, ranks: Sequence[str]) -> str:
+    """A node's file up to its first ``<gpu>``: the leading comment with ``node=NAME`` and
+    its ranks (which tell ``validate`` the file is partial), and the ``<algo>`` start tag."""
+    if "--" in name or not name.strip():
+        raise InputError(f"split: node name {name!r} cannot be written into an XML comment")
+    head = f"<!-- {comment} node={name} gpus={','.join(ranks)} -->\n"
+    return head.replace("<!--  ", "<!-- ") + algo_tag + "\n"
+
+
+def head_parts(head: str) -> tuple[str, str]:
+    """The leading comment's text and the ``<algo>`` start tag of a file's head (its text up
+    to the first ``<gpu>``)."""
+    match = _LEADING_COMMENT.match(head)
+    at = match.end() if match else 0
+    algo = _ALGO.search(head, at)
+    if algo is None or head[at:algo.start()].strip() or head[algo.end():].strip():
+        raise InputError("split: the file's head is not a comment and an <algo> start tag")
+    return (match.group(1).strip() if match else ""), algo.group(0)
 
 
 def _attr(tag: str, key: str) -> str:

@@ -6,7 +6,6 @@ asyncio client shares the request types, ``build_request`` and ``channel_options
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Protocol
 import grpc
 
 from choreo.collectives import Collective
+from choreo.msccl.packed import inflate_xml
 from choreo.service.api import MAX_MESSAGE_BYTES, SERVICE, SYNTHESIZE, SYNTHESIZE_STREAM, pb
 from choreo.service.convert import fabric_to_proto
 from choreo.topology import Topology
@@ -189,17 +189,6 @@ def bucket_body(bucket: pb.Bucket) -> str | bytes:
 def bucket_xml(bucket: pb.Bucket) -> str:
     """A bucket's MSCCL XML whichever encoding it was sent in."""
     return inflate_xml(bucket_body(bucket))
-
-
-def gzip_xml(text: str) -> bytes:
-    """MSCCL XML gzipped as the service sends it: level 1 (a ninth of the text at a quarter
-    of level 6's time), no timestamp, so the same text always gives the same bytes."""
-    return gzip.compress(text.encode(), compresslevel=1, mtime=0)
-
-
-def inflate_xml(body: str | bytes) -> str:
-    """The text of XML sent either way: gzip (bytes) or plain."""
-    return gzip.decompress(body).decode() if isinstance(body, bytes) else body
 
 
 def _serialize(msg: pb.SynthesizeRequest | bytes) -> bytes:

@@ -26,17 +26,21 @@ from choreo.errors import InfeasibleError, InputError
 from choreo.hierarchy import applies
 from choreo.msccl.buckets import BucketFile, plan_files
 from choreo.msccl.layout import max_buckets
+from choreo.msccl.packed import gzip_parts, gzip_xml
 from choreo.nccl.compare import versus_nccl
 from choreo.report import evaluate
 from choreo.schedule import Schedule
 from choreo.service.api import pb
 from choreo.service.buckets import SizeBucket, plan_buckets
-from choreo.service.client import gzip_xml
 from choreo.service.convert import TenantSpec, Work
 from choreo.service.status import RequestError, invalid
 from choreo.synth import SynthOptions, auto_chunks, synthesize
 
 MAX_ERRORS = 10
+# Files from this size of text are gzipped one member per rank. Smaller ones, a tenth of
+# that gzipped, usually fit a ConfigMap whole, where per-rank members would only cost room
+# (a 64-GPU file: a fifth more bytes).
+MEMBERS_FROM_BYTES = 8 << 20
 
 Say = Callable[[str, str, int, int], None]  # stage, message, done, total
 
@@ -92,12 +96,17 @@ class _Encode:
     file: BucketFile
     gzip: bool
 
-    def run(self) -> tuple[str | bytes, int | None]:
-        """The file's body and the upper end of the range it serves (legacy files stop where
-        their scratch would grow too large)."""
+    def run(self) -> tuple[str | bytes, list[int], int | None]:
+        """The file's body, where its gzip members end (a large file: one member per rank,
+        so the operator cuts it per node without compressing again), and the upper end of
+        the range it serves (legacy files stop where their scratch would grow too large)."""
         done = self.file.lowering()
-        body = gzip_xml(done.text) if self.gzip else done.text
-        return body, done.max_bytes
+        if not self.gzip:
+            return done.text, [], done.max_bytes
+        if len(done.text) < MEMBERS_FROM_BYTES:
+            return gzip_xml(done.text), [], done.max_bytes
+        body, ends = gzip_parts(done.text, done.cuts)
+        return body, ends, done.max_bytes
 
 
 Task = _Solve | _Judge | _Encode
@@ -189,12 +198,14 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
                         left_to_nccl.add(f.bucket)
                         res.buckets.add(max_bytes=s.bucket.hi, nccl_runs=True, **common)
                     continue
-                body, served = _lowered(encoded[((i, j), b)], f"tenants[{i}].collectives[{j}]")
+                body, ends, served = _lowered(encoded[((i, j), b)],
+                                              f"tenants[{i}].collectives[{j}]")
                 bucket = res.buckets.add(
                     max_bytes=s.bucket.hi if served is None else served,
                     file_name=prefix + f.name, **common)
                 if isinstance(body, bytes):
                     bucket.xml_gzip = body
+                    bucket.xml_gzip_member_ends.extend(ends)
                 else:
                     bucket.xml = body
     response.synthesis_seconds = time.perf_counter() - started
@@ -268,7 +279,7 @@ def _cost(task: Task) -> float:
     return float(task.schedule.count.sum())
 
 
-def _lowered(result: Any, where: str) -> tuple[str | bytes, int | None]:
+def _lowered(result: Any, where: str) -> tuple[str | bytes, list[int], int | None]:
     """A lowering's result; a schedule the runtime could not run (too many steps for the
     channels, a collective the dialect lacks) is the request's fault."""
     if isinstance(result, InputError):
