@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -162,10 +163,15 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             sched = synthesize(fabric, demands, SynthOptions(
                 restarts=args.restarts, seed=args.seed, relay=relay, rail_gather=rail))
         else:
+            from choreo.msccl.lower import lowerable
             from choreo.portfolio import PortfolioOptions, solve
 
+            # Files are written only where the winner lowers: nothing else may win then.
+            accept = (partial(lowerable, dialect=args.dialect, instances=args.instances,
+                              proto=args.proto) if args.msccl_out else None)
             sched = solve(fabric, demands, args.engine, args.deadline, PortfolioOptions(
-                restarts=args.restarts, seed=args.seed, relay=relay, rail_gather=rail))
+                restarts=args.restarts, seed=args.seed, relay=relay, rail_gather=rail,
+                accept=accept))
         seconds = time.perf_counter() - started
         sched.meta["synthesis_seconds"] = seconds
         ev = evaluate(sched, baselines=not args.no_baselines, step=step)

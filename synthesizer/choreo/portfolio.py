@@ -1,10 +1,11 @@
 """``engine=auto``: run several engines and keep the best verified schedule by simulated time.
 
 The greedy engine runs first with the caller's settings (the result auto can never be worse
-than), then with other seeds and chunk counts while the deadline allows; each greedy run
-already tries several switch-unwinding degrees. Where the instance is small enough to solve
-in the time left, the exact engines join: the LP for copy-free collectives (AllToAll,
-Scatter, Gather), the MILP for the rest. Every candidate is verified and simulated; the
+than), then with other seeds and a search over chunk counts while the deadline allows; each
+greedy run already tries several switch-unwinding degrees. ``accept`` keeps a candidate the
+caller cannot use (one too large for MSCCL) from winning. Where the instance is small enough
+to solve in the time left, the exact engines join: the LP for copy-free collectives
+(AllToAll, Scatter, Gather), the MILP for the rest. Every candidate is verified and simulated; the
 winner records in ``meta["portfolio"]`` which engine won, every candidate's time and the gap
 to the lower bound.
 
@@ -32,6 +33,8 @@ ENGINES = ("greedy", "milp", "lp", "auto")
 SAFETY = 0.7  # share of the time left an exact solver may use (model build, checks)
 MILP_BINARIES = 20_000  # above this a complete MILP rarely closes within seconds
 LP_VARIABLES = 400_000
+MAX_SEARCH_CHUNKS = 64  # chunks per piece the chunk search goes up to
+MIN_GAIN = 0.001  # a chunk count is kept only if it is this much faster
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,9 @@ class PortfolioOptions:
     rail_gather: bool = True  # as SynthOptions: off where transfers must move one chunk
     threads: int = 1
     seeds: int = 3
-    chunk_factors: tuple[float, ...] = (2.0, 0.5)
+    # Whether a candidate other than the first may win: a caller that lowers the winner to
+    # MSCCL passes a check that it lowers (more chunks are more steps for the runtime).
+    accept: Callable[[Schedule], str] | None = None  # "" where it may, else why not
 
 
 @dataclass
@@ -93,6 +98,9 @@ def solve(fabric: Topology, demands: Sequence[Demand], engine: str = "auto",
             verdict = verify(sched)
             if not verdict.ok:
                 raise ChoreoError(f"failed verification: {verdict.summary()}")
+            refused = opts.accept(sched) if opts.accept is not None and runs else ""
+            if refused:
+                raise ChoreoError(f"not accepted: {refused}")
             cand.schedule, cand.time = sched, float(simulate(sched).makespan)
         except ChoreoError as err:
             if engine != "auto":
@@ -107,7 +115,7 @@ def solve(fabric: Topology, demands: Sequence[Demand], engine: str = "auto",
     if engine in ("greedy", "auto"):
         first = run("greedy", "given", lambda: synthesize(fabric, demands, greedy_opts))
         if engine == "auto":
-            _more_greedy(fabric, demands, opts, greedy_opts, first.seconds, end, run)
+            _more_greedy(fabric, demands, opts, greedy_opts, first, end, run)
     if engine in ("milp", "lp") or (engine == "auto" and end - time.monotonic() > 0.2):
         _exact(fabric, demands, engine, opts, end, run)
     best = min((c for c in runs if c.schedule is not None), key=lambda c: c.time, default=None)
@@ -126,23 +134,44 @@ def solve(fabric: Topology, demands: Sequence[Demand], engine: str = "auto",
 
 
 def _more_greedy(fabric: Topology, demands: tuple[Demand, ...], opts: PortfolioOptions,
-                 base: SynthOptions, took: float, end: float,
+                 base: SynthOptions, first: _Candidate, end: float,
                  run: Callable[..., _Candidate]) -> None:
-    """Other seeds and chunk counts, each only if one more greedy run still fits."""
-    variants: list[tuple[str, tuple[Demand, ...], SynthOptions]] = []
+    """Other seeds, then other chunk counts, each only if one more greedy run still fits.
+
+    Chunks trade pipelining against per-step latency, and where the balance lies depends on
+    the fabric's depth and alphas more than a rule of thumb knows (``auto_chunks``): the
+    search doubles the chunks while that makes the schedule faster, halves them where
+    doubling did not help, then tries halfway to each neighbour of the best (every
+    candidate is kept in ``run``'s record, and the fastest wins)."""
+    took = first.seconds
     for s in range(1, opts.seeds):
-        variants.append((f"seed {base.seed + s}", demands, replace(base, seed=base.seed + s)))
-    for f in opts.chunk_factors:
-        scaled = tuple(replace(d, chunks=max(1, round(d.chunks * f))) for d in demands)
-        if scaled != demands:
-            label = "chunks " + ",".join(str(d.chunks) for d in scaled)
-            variants.append((label, scaled, base))
-    for label, ds, so in variants:
+        if time.monotonic() + took * 1.5 > end:
+            break
+        so = replace(base, seed=base.seed + s)
+        run("greedy", f"seed {so.seed}", lambda so=so: synthesize(fabric, demands, so))
+
+    def greedy(factor: float, at: tuple[Demand, ...]) -> tuple[tuple[Demand, ...], float]:
+        """The run with ``at``'s chunks times ``factor``, and its time (inf: none)."""
+        scaled = tuple(replace(d, chunks=min(max(1, round(d.chunks * factor)),
+                                             MAX_SEARCH_CHUNKS)) for d in at)
+        grows = max(d2.chunks / d.chunks for d, d2 in zip(demands, scaled, strict=True))
         # a run with more chunks takes longer, roughly in proportion
-        factor = max(d2.chunks / d.chunks for d, d2 in zip(demands, ds, strict=True))
-        if time.monotonic() + took * max(factor, 1.0) * 1.5 > end:
-            continue
-        run("greedy", label, lambda ds=ds, so=so: synthesize(fabric, ds, so))
+        if scaled == at or time.monotonic() + took * max(grows, 1.0) * 1.5 > end:
+            return scaled, float("inf")
+        label = "chunks " + ",".join(str(d.chunks) for d in scaled)
+        return scaled, run("greedy", label, lambda: synthesize(fabric, scaled, base)).time
+
+    best, at = first.time, demands
+    for factor in (2.0, 0.5):
+        while True:
+            scaled, took_s = greedy(factor, at)
+            if took_s >= best * (1 - MIN_GAIN):
+                break
+            best, at = took_s, scaled
+        if at != demands:
+            break  # more chunks helped: fewer would not
+    for factor in (1.5, 0.75):
+        greedy(factor, at)
 
 
 def _exact(fabric: Topology, demands: tuple[Demand, ...], engine: str,

@@ -9,6 +9,7 @@ import pytest
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.generators import build
+from choreo.msccl.lower import lowerable
 from choreo.portfolio import PortfolioOptions, solve
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, auto_chunks, synthesize
@@ -90,3 +91,44 @@ def test_bad_engine_and_deadline_are_refused():
         solve(fabric, [d], "auto", deadline_s=0)
     with pytest.raises(InputError, match="MILP"):
         solve(fabric, [d], "lp")
+
+
+def test_auto_searches_the_chunk_count():
+    """Chunks trade pipelining against per-step alphas: from the rule of thumb's count, the
+    search doubles while that is faster, then tries halfway to the best's neighbours, and
+    the fastest wins, however many chunks it has."""
+    fabric, d = _demand("dragonfly-4x5", Collective.ALLGATHER, 1 << 30)
+    sched = solve(fabric, [d], "auto", 10.0, PortfolioOptions(relay=False))
+    info = sched.meta["portfolio"]
+    times = {c["variant"]: c["time"] for c in info["candidates"] if "time" in c}
+    given = times["given"]
+    doubled = f"chunks {2 * d.chunks}"
+    assert doubled in times  # the search started there
+    assert info["variant"].startswith("chunks ") and info["time"] == min(times.values())
+    assert info["time"] < given * 0.999
+    assert sched.demands[0].chunks != d.chunks and verify(sched).ok
+
+
+def test_a_candidate_the_caller_cannot_use_never_wins():
+    """``accept`` (a lowering check, where files ship) sees every candidate but the first;
+    one it refuses is recorded with why and cannot win, even when faster."""
+    fabric, d = _demand("dragonfly-4x5", Collective.ALLGATHER, 1 << 30)
+    seen = []
+
+    def refuse(schedule):
+        seen.append(schedule.demands[0].chunks)
+        return "too many steps"
+
+    sched = solve(fabric, [d], "auto", 10.0, PortfolioOptions(relay=False, accept=refuse))
+    info = sched.meta["portfolio"]
+    assert info["variant"] == "given" and sched.demands[0].chunks == d.chunks
+    refused = [c for c in info["candidates"] if c["variant"] != "given"]
+    assert refused and all(c["error"] == "not accepted: too many steps" for c in refused)
+    assert len(seen) == len(refused)
+
+
+def test_lowerable_says_why_a_schedule_would_not_run():
+    fabric, d = _demand("dgx-h100-2", Collective.ALLGATHER, 1 << 26)
+    sched = synthesize(fabric, [d], SynthOptions(relay=False))
+    assert lowerable(sched) == ""
+    assert "instances" in lowerable(sched, instances=1000)

@@ -129,6 +129,18 @@ def lower(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", ins
     return prog.run(instances, proto, min_bytes, max_bytes, name, kind)
 
 
+def lowerable(schedule: Schedule, *, dialect: str = "executor", instances: int = 1,
+              proto: str = "Simple") -> str:
+    """Why some tenant's program would not run on the dialect's runtime, or "" where every
+    tenant's lowers (a portfolio's ``accept``: more chunks are more steps)."""
+    for t in range(len(schedule.demands)):
+        try:
+            lower(schedule, t, dialect=dialect, instances=instances, proto=proto)
+        except InputError as err:
+            return f"tenant {t}: {err}"
+    return ""
+
+
 class _Program:
     """Per-tenant analysis that does not depend on the channel plan, then assembly per plan."""
 

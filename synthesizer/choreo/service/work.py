@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -26,6 +27,7 @@ from choreo.errors import InfeasibleError, InputError
 from choreo.hierarchy import applies
 from choreo.msccl.buckets import BucketFile, plan_files
 from choreo.msccl.layout import max_buckets
+from choreo.msccl.lower import lowerable
 from choreo.msccl.packed import gzip_parts, gzip_xml
 from choreo.nccl.compare import versus_nccl
 from choreo.report import evaluate
@@ -301,7 +303,9 @@ def _solve(work: Work, demands: list[Demand], rounds: int) -> Schedule:
 
     budget = 0.6 * opts.engine_seconds / rounds
     return solve(work.fabric, demands, opts.engine, budget, PortfolioOptions(
-        restarts=opts.restarts, seed=opts.seed, relay=False, rail_gather=rail))
+        restarts=opts.restarts, seed=opts.seed, relay=False, rail_gather=rail,
+        accept=partial(lowerable, dialect=opts.dialect, instances=opts.instances,
+                       proto=opts.proto)))
 
 
 def _hierarchical(work: Work, t: TenantSpec, j: int) -> bool:
