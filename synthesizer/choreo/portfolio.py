@@ -5,9 +5,9 @@ than), then with other seeds and a search over chunk counts while the deadline a
 greedy run already tries several switch-unwinding degrees. ``accept`` keeps a candidate the
 caller cannot use (one too large for MSCCL) from winning. Where the instance is small enough
 to solve in the time left, the exact engines join: the LP for copy-free collectives
-(AllToAll, Scatter, Gather), the MILP for the rest. Every candidate is verified and simulated; the
-winner records in ``meta["portfolio"]`` which engine won, every candidate's time and the gap
-to the lower bound.
+(AllToAll, Scatter, Gather), the MILP for the rest. Every candidate is verified and
+simulated; the winner records in ``meta["portfolio"]`` which engine won, every candidate's
+time and the gap to the lower bound.
 
 Deadline: a candidate starts only if its expected duration (measured on the first greedy
 run, or the solver's own time limit, which the exact engines honor) fits in what is left.
@@ -150,14 +150,17 @@ def _more_greedy(fabric: Topology, demands: tuple[Demand, ...], opts: PortfolioO
         so = replace(base, seed=base.seed + s)
         run("greedy", f"seed {so.seed}", lambda so=so: synthesize(fabric, demands, so))
 
+    tried = {demands}
+
     def greedy(factor: float, at: tuple[Demand, ...]) -> tuple[tuple[Demand, ...], float]:
         """The run with ``at``'s chunks times ``factor``, and its time (inf: none)."""
         scaled = tuple(replace(d, chunks=min(max(1, round(d.chunks * factor)),
                                              MAX_SEARCH_CHUNKS)) for d in at)
         grows = max(d2.chunks / d.chunks for d, d2 in zip(demands, scaled, strict=True))
         # a run with more chunks takes longer, roughly in proportion
-        if scaled == at or time.monotonic() + took * max(grows, 1.0) * 1.5 > end:
+        if scaled in tried or time.monotonic() + took * max(grows, 1.0) * 1.5 > end:
             return scaled, float("inf")
+        tried.add(scaled)
         label = "chunks " + ",".join(str(d.chunks) for d in scaled)
         return scaled, run("greedy", label, lambda: synthesize(fabric, scaled, base)).time
 
