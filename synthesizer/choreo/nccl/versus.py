@@ -18,12 +18,16 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from choreo.benchtable import Row, finish
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.generators import build
+from choreo.msccl.lower import lowerable
 from choreo.nccl.model import nccl_jointly
+from choreo.portfolio import PortfolioOptions, solve
+from choreo.schedule import Schedule
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, auto_chunks, synthesize
 from choreo.topology import Topology
@@ -60,13 +64,32 @@ DEGRADED: dict[str, Degrade] = {"one failed GPU": failed_gpu, "one failed NIC": 
                                 "one failed NVSwitch port": failed_nvswitch_port}
 
 
+@dataclass(frozen=True)
+class Engine:
+    """How choreo synthesizes each case: greedy alone (the product's default), or the
+    portfolio (``auto``) within ``deadline`` seconds, keeping only what lowers to MSCCL."""
+
+    name: str = "greedy"
+    deadline: float = 30.0
+
+    def synthesize(self, fabric: Topology, demands: list[Demand]) -> Schedule:
+        if self.name == "greedy":
+            return synthesize(fabric, demands, SynthOptions(restarts=2, relay=False))
+        return solve(fabric, demands, self.name, self.deadline, PortfolioOptions(
+            restarts=2, relay=False, accept=lowerable))
+
+
+GREEDY = Engine()
+
+
 def _case(fabric: Topology, groups: list[tuple[int, ...]], coll: Collective,
-          size: int) -> tuple[list[float], list[float], list[str], float]:
+          size: int, engine: Engine = GREEDY,
+          ) -> tuple[list[float], list[float], list[str], float]:
     """choreo's and NCCL's time per tenant, NCCL's choices, and the synthesis seconds."""
     demands = [Demand(coll, ranks, size, auto_chunks(fabric, coll, size, len(ranks)),
                       name=f"t{k}") for k, ranks in enumerate(groups)]
     started = time.perf_counter()
-    sched = synthesize(fabric, demands, SynthOptions(restarts=2, relay=False))
+    sched = engine.synthesize(fabric, demands)
     seconds = time.perf_counter() - started
     verdict = verify(sched)
     if not verdict.ok:
@@ -77,11 +100,12 @@ def _case(fabric: Topology, groups: list[tuple[int, ...]], coll: Collective,
 
 
 def _compared(group: str, case: str, fabric: Topology, groups: list[tuple[int, ...]],
-              coll: Collective, size: int, target: float | None = None) -> Row:
+              coll: Collective, size: int, target: float | None = None,
+              engine: Engine = GREEDY) -> Row:
     """The case's row; a case choreo refuses (too large for its engines) is a row where NCCL
     runs, with the refusal as its reason."""
     try:
-        return _row(group, case, *_case(fabric, groups, coll, size), target=target)
+        return _row(group, case, *_case(fabric, groups, coll, size, engine), target=target)
     except InputError as err:
         demands = [Demand(coll, ranks, size) for ranks in groups]
         choices = sorted({r.choice for r in nccl_jointly(fabric, demands)})
@@ -101,14 +125,14 @@ def _row(group: str, case: str, ours: list[float], theirs: list[float], choices:
 
 
 def rows(nodes: tuple[int, ...], sizes: tuple[int, ...],
-         degraded_skip: tuple[int, ...] = ()) -> list[Row]:
+         degraded_skip: tuple[int, ...] = (), engine: Engine = GREEDY) -> list[Row]:
     out = []
     for k in nodes:
         fabric = build(f"dgx-h100-{k}")
         for coll in COLLECTIVES:
             for size in sizes:
                 out.append(_compared("healthy", f"dgx-h100-{k} {coll.value} {size // MIB} MiB",
-                                     fabric, [tuple(fabric.npus)], coll, size))
+                                     fabric, [tuple(fabric.npus)], coll, size, engine=engine))
     for k in (n for n in nodes if n >= 2 and n not in degraded_skip):
         base = build(f"dgx-h100-{k}")
         for what, degrade in DEGRADED.items():
@@ -117,16 +141,16 @@ def rows(nodes: tuple[int, ...], sizes: tuple[int, ...],
                 for size in sizes:
                     out.append(_compared(
                         "degraded", f"dgx-h100-{k} {what}, {coll.value} {size // MIB} MiB",
-                        fabric, [tuple(fabric.npus)], coll, size))
+                        fabric, [tuple(fabric.npus)], coll, size, engine=engine))
         halves = [tuple(g for g in base.npus if (g % 8 < 4) == first) for first in (True, False)]
         out.append(_compared("shared", f"dgx-h100-{k} two tenants (GPUs 0-3 / 4-7 of every "
                              "node), allreduce 1 GiB", base, halves, Collective.ALLREDUCE,
-                             1 << 30))
-    out += spine_rows(2, 4) + spine_rows(4, 4)
+                             1 << 30, engine=engine))
+    out += spine_rows(2, 4, engine) + spine_rows(4, 4, engine)
     return out
 
 
-def spine_rows(blocks: int = 2, per_block: int = 4) -> list[Row]:
+def spine_rows(blocks: int = 2, per_block: int = 4, engine: Engine = GREEDY) -> list[Row]:
     """Two and four tenants, each with the same number of nodes in every block of
     ``dgx-h100-spine-<blocks>x<per_block>``: all their traffic between blocks meets on the
     oversubscribed spine uplinks."""
@@ -141,7 +165,7 @@ def spine_rows(blocks: int = 2, per_block: int = 4) -> list[Row]:
         for coll in (Collective.ALLREDUCE, Collective.ALLGATHER):
             out.append(_compared("shared", f"{fabric.name} {tenants} tenants ({per} node(s) of "
                                  f"every block each), {coll.value} 1 GiB", fabric, groups, coll,
-                                 1 << 30, target=SHARED_TARGET))
+                                 1 << 30, target=SHARED_TARGET, engine=engine))
     return out
 
 
@@ -152,10 +176,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="node counts whose degraded and shared cases are left out")
     p.add_argument("--quick", action="store_true", help="1 GiB only")
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--engine", choices=("greedy", "auto"), default="greedy",
+                   help="greedy (the product's default) or the portfolio within --deadline")
+    p.add_argument("--deadline", type=float, default=30.0,
+                   help="seconds per case for --engine auto")
     args = p.parse_args(argv)
     nodes = tuple(int(x) for x in args.nodes.split(","))
     skip = tuple(int(x) for x in args.degraded_skip.split(",") if x)
-    table = rows(nodes, (1024 * MIB,) if args.quick else SIZES, skip)
+    table = rows(nodes, (1024 * MIB,) if args.quick else SIZES, skip,
+                 Engine(args.engine, args.deadline))
     return finish(table, "choreo vs NCCL as it runs (NCCL time / choreo time; > 1: choreo ahead)",
                   args.json)
 
