@@ -134,7 +134,7 @@ class Files(Mapping[str, str]):
     def __getitem__(self, key: str) -> str:
         body = self._files[key]
         text = inflate_xml(body)
-        if key not in self._digests:
+        if key not in self._digests and key not in self._members:  # those hash their gzip
             self._digests[key] = _digest(text)
         return text
 

@@ -103,6 +103,11 @@ def test_a_file_sent_in_members_is_cut_per_pod_without_inflating_it(
         assert [p.first for p in parts] == [0, 8]
         assert [results.xml_files(b) for b in got] == [results.xml_files(b) for b in want]
         assert files.size("grads-0.xml") == len(xml.encode())
+    # However the file is read first, its digest is its gzip's: one schedule, one name.
+    read_first = results.Files()
+    read_first.add("grads-0.xml", body, ends)
+    assert read_first["grads-0.xml"] == xml
+    assert read_first.digest("grads-0.xml") == files.digest("grads-0.xml")
 
 
 def _cuts(xml: str) -> list[int]:
