@@ -508,6 +508,8 @@ class CollectiveJobSpec(Model):
     instances: int = Field(1, ge=1, le=8)
     protocol: Literal["Simple", "LL", "LL128"] = "Simple"
     when_nccl_faster: Literal["RunNccl", "ShipSchedule"] = "RunNccl"
+    engine: Literal["Greedy", "Auto"] = "Greedy"
+    engine_seconds: float = Field(10.0, gt=0, le=300)
 
     @field_validator("selector")
     @classmethod

@@ -200,10 +200,13 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
         tenants = [TenantRequest(j.key, tuple(ids[s.npu] for s in live[j.key]),
                                  j.spec.collectives, j.spec.weight) for j in group_jobs]
         first = group_jobs[0].spec
+        # The portfolio where any member asks for it (they are solved jointly), within the
+        # smallest budget asked.
+        auto = [j.spec.engine_seconds for j in group_jobs if j.spec.engine == "Auto"]
         options = RequestOptions(first.dialect, first.instances, first.protocol, restarts,
-                                 max_buckets, timeout_seconds,
+                                 max_buckets, min(auto) if auto else timeout_seconds,
                                  any(j.spec.when_nccl_faster == SHIP_ANYWAY for j in group_jobs),
-                                 gzip=True)
+                                 engine="auto" if auto else "", gzip=True)
         fingerprint = sub.fingerprint()
         ranks = tuple((j.key, tuple((s.pod, s.node, s.gpu) for s in live[j.key]))
                       for j in group_jobs)
@@ -211,7 +214,8 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
         # collectives' reprs) for each was a third of a round at 4,000 nodes, 160 tenants.
         key = (fingerprint, tuple(tenants),
                tuple((f, getattr(options, f)) for f in HASHED_OPTIONS)
-               + ((("packed", True),) if packed else ()), ranks)
+               + ((("packed", True),) if packed else ())
+               + ((("engine", "auto"),) if auto else ()), ranks)
         hashed = subs.hashed(key, functools.partial(inputs_hash, *key))
         # Trims follow from the files of these inputs: the hash leaves them out, so learning
         # one does not make the schedule just published look out of date.

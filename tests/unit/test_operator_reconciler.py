@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from api_helpers import fabric, failure, job
+from api_helpers import fabric, failure, job, valid
 from kubernetes_asyncio.client import ApiException
 
 from choreo.service.api import pb
@@ -321,6 +321,30 @@ def test_planning_is_a_pure_function_of_the_inputs() -> None:
     plans, blocked = plan_groups(inputs.jobs, place(inputs.jobs, pods, fab), fab, **limits)
     assert blocked == {"ns/b": ("Pending", "NoPods", "no running pod matches the selector")}
     assert [[j.key for j in p.members] for p in plans] == [["ns/a"]]
+
+
+def test_a_job_that_asks_for_the_portfolio_gets_it_for_its_group() -> None:
+    """``spec.engine: Auto`` asks the synthesizer for the portfolio within the smallest
+    ``engineSeconds`` of the group (its members are solved jointly); the inputs hash covers
+    it, and a Greedy group's hash is the one recorded before the field existed."""
+    inputs = _inputs([])
+    fab, _ = FabricCache().fabric(inputs)
+    assert fab is not None
+    placements = place(inputs.jobs, inputs.pods, fab)
+    limits: dict[str, Any] = {"max_buckets": 4, "restarts": 2, "timeout_seconds": 60.0}
+    [greedy], _ = plan_groups(inputs.jobs, placements, fab, **limits)
+    assert greedy.options.engine == "" and greedy.options.deadline_seconds == 60.0
+    a, b = inputs.jobs
+    asks = [a.model_copy(update={"spec": a.spec.model_copy(
+        update={"engine": "Auto", "engine_seconds": 4.0})}), b]
+    [auto], _ = plan_groups(asks, placements, fab, **limits)
+    assert [j.key for j in auto.members] == ["ns/a", "ns/b"]  # still one group
+    assert auto.options.engine == "auto" and auto.options.deadline_seconds == 4.0
+    assert auto.inputs_hash != greedy.inputs_hash
+    assert valid(model.job({"metadata": {"name": "x", "namespace": "ns"}, "spec": {
+        "selector": {"matchLabels": {"t": "x"}}, "engine": "Auto", "collectives": [
+            {"name": "g", "collective": "allreduce", "minBytes": 1, "maxBytes": 2}]}}
+    )).spec.engine_seconds == 10.0
 
 
 def test_a_failed_gpu_stays_in_the_request_fabric_so_rails_stay_aligned() -> None:
