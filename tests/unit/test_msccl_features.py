@@ -226,6 +226,13 @@ def test_a_file_gzipped_per_rank_is_cut_per_node_by_joining_members() -> None:
     whole = gzip_xml(low.text)
     # The members cost a little room: each restarts the compressor.
     assert len(whole) < len(body) < 1.5 * len(whole)
+    # A head that is not ASCII (a tenant's name in the comment): cuts count characters.
+    named = low.text.replace("<!-- ", "<!-- tenant=Zürich-ü ", 1)
+    shift = len(named) - len(low.text)
+    body_named, ends_named = gzip_parts(named, [c + shift for c in low.cuts])
+    assert inflate_xml(body_named) == named
+    assert split_members(body_named, ends_named, nodes, packed=False) == split_per_node(
+        named, nodes)
     with pytest.raises(InputError, match="not contiguous"):
         split_members(body, ends, [f"n{r % 2}" for r in range(16)], packed=True)
     with pytest.raises(InputError, match="17 gzip members for 16 ranks"):
