@@ -159,6 +159,18 @@ fn hazards(inp: &Input) -> Result<Hazards, LowerError> {
         scratch: vec![0; inp.n],
     };
     let mut homes: Vec<Option<Loc>> = vec![None; atoms];
+    // Atoms one transfer moves together lie side by side (ids follow a node's chunks), and
+    // so must their homes in scratch: a run's atoms get theirs at once, at its first write,
+    // even where pieces of it arrive apart with other data in between.
+    let mut with_next = vec![false; atoms];
+    for (ptr, list) in [(inp.reads_ptr, inp.reads_atom), (inp.writes_ptr, inp.writes_atom)] {
+        for x in 0..t {
+            let run = &list[ptr[x] as usize..ptr[x + 1] as usize];
+            for pair in run.windows(2) {
+                with_next[pair[0] as usize] = true;
+            }
+        }
+    }
     let mut last: Vec<usize> = vec![NONE; atoms];
     let mut reads: Vec<Vec<usize>> = vec![Vec::new(); atoms];
     let initial = |x: usize, g: i64, a: usize| -> Result<Loc, LowerError> {
@@ -199,15 +211,26 @@ fn hazards(inp: &Input) -> Result<Hazards, LowerError> {
         for &a in mine {
             let a = a as usize;
             if homes[a].is_none() {
-                homes[a] = Some(match inp.atom_out[a] {
+                match inp.atom_out[a] {
                     SPLIT => return Err(LowerError::Split(a, g)),
                     ABSENT => {
-                        let at = h.scratch[g as usize];
-                        h.scratch[g as usize] += inp.atom_size[a];
-                        (b's', at)
+                        let (mut lo, mut hi) = (a, a);
+                        while lo > 0 && with_next[lo - 1] {
+                            lo -= 1;
+                        }
+                        while with_next[hi] {
+                            hi += 1;
+                        }
+                        let run = inp.atom_out[lo..=hi].iter().zip(&inp.atom_size[lo..=hi]);
+                        for (home, (&out, &size)) in homes[lo..=hi].iter_mut().zip(run) {
+                            if home.is_none() && out == ABSENT {
+                                *home = Some((b's', h.scratch[g as usize]));
+                                h.scratch[g as usize] += size;
+                            }
+                        }
                     }
-                    out => (b'o', out),
-                });
+                    out => homes[a] = Some((b'o', out)),
+                }
             }
             locs.push(homes[a].unwrap());
         }
@@ -414,9 +437,20 @@ fn fuse(inp: &Input, h: &Hazards, tbs: &mut [Vec<TbPlan>], chan: &[i64]) -> usiz
             conns.entry((inp.src[x], inp.dst[x], chan[x])).or_default().push(x);
         }
     }
+    // A send waits for room: the chunks still on its connection and its own may not pass
+    // the FIFO's, except that one message of any size may enter an empty FIFO. So it waits
+    // for the receive of the latest earlier message that would leave too little room.
+    let room = inp.fifo_chunks as i64;
     for seq in conns.values() {
-        for k in 0..seq.len().saturating_sub(inp.fifo_chunks) {
-            waits_on(t + seq[k], seq[k + inp.fifo_chunks]);
+        for (j, &x) in seq.iter().enumerate() {
+            let mut held = inp.count[x];
+            for &before in seq[..j].iter().rev() {
+                held += inp.count[before];
+                if held > room {
+                    waits_on(t + before, x);
+                    break;
+                }
+            }
         }
     }
     let mut fused = 0;
