@@ -5,7 +5,8 @@ than), then with other seeds and a search over chunk counts while the deadline a
 greedy run already tries several switch-unwinding degrees. ``accept`` keeps a candidate the
 caller cannot use (one too large for MSCCL) from winning. Where the instance is small enough
 to solve in the time left, the exact engines join: the LP for copy-free collectives
-(AllToAll, Scatter, Gather), the MILP for the rest. Every candidate is verified and
+(AllToAll, Scatter, Gather), the MILP for the rest. Last, the fastest so far with its
+first and last transfers cut into pieces (``choreo.pieces``). Every candidate is verified and
 simulated; the winner records in ``meta["portfolio"]`` which engine won, every candidate's
 time and the gap to the lower bound.
 
@@ -23,6 +24,7 @@ from typing import Any
 from choreo.bounds import lower_bound
 from choreo.collectives import Demand
 from choreo.errors import ChoreoError, InputError
+from choreo.pieces import best_cut
 from choreo.schedule import Schedule
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, synthesize
@@ -118,6 +120,8 @@ def solve(fabric: Topology, demands: Sequence[Demand], engine: str = "auto",
             _more_greedy(fabric, demands, opts, greedy_opts, first, end, run)
     if engine in ("milp", "lp") or (engine == "auto" and end - time.monotonic() > 0.2):
         _exact(fabric, demands, engine, opts, end, run)
+    if engine == "auto":
+        _cut_fastest(runs, end, run)
     best = min((c for c in runs if c.schedule is not None), key=lambda c: c.time, default=None)
     if best is None or best.schedule is None:
         errors = "; ".join(f"{c.engine}/{c.variant}: {c.error}" for c in runs)
@@ -175,6 +179,19 @@ def _more_greedy(fabric: Topology, demands: tuple[Demand, ...], opts: PortfolioO
             break  # more chunks helped: fewer would not
     for factor in (1.5, 0.75):
         greedy(factor, at)
+
+
+def _cut_fastest(runs: list[_Candidate], end: float, run: Callable[..., _Candidate]) -> None:
+    """The fastest candidate with its first and last transfers cut into pieces, where that
+    is faster (``choreo.pieces``): a candidate of its own, verified and accepted like any."""
+    fastest = min((c for c in runs if c.schedule is not None), key=lambda c: c.time,
+                  default=None)
+    if fastest is None or fastest.schedule is None:
+        return
+    found = best_cut(fastest.schedule, end)
+    if found is not None:
+        cut, how = found
+        run(fastest.engine, f"{fastest.variant}, {how.label()}", lambda: cut)
 
 
 def _exact(fabric: Topology, demands: tuple[Demand, ...], engine: str,
