@@ -1,7 +1,8 @@
 """Packed schedules end to end: an operator run with ``--unpack-image`` writes gzipped XML to
-ConfigMaps on the real API server, its webhook gives tenant pods the sidecar, and the sidecar's
-own command line, run here on the ConfigMap laid out as the kubelet lays it out, gives the pod
-the files the MSCCL runtime reads. Every process is stopped by PID."""
+ConfigMaps on the real API server for a job that asks for the portfolio (``engine: Auto``),
+its webhook gives tenant pods the sidecar, and the sidecar's own command line, run here on
+the ConfigMap laid out as the kubelet lays it out, gives the pod the files the MSCCL runtime
+reads. Every process is stopped by PID."""
 
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
             logs / "operator.log", cluster.info.kubeconfig, f"127.0.0.1:{port}", logs / "certs",
             extra=["--webhook-config", WEBHOOK, "--debounce", "0.2", "--unpack-image", IMAGE])
         job = T.collective_job("pk", max_bytes=1 << 30)
+        # The job asks for the portfolio: its schedules (other chunk counts, pieces at either
+        # end) travel the same way and must pass the same checks.
+        job["spec"].update(engine="Auto", engineSeconds=5)
         cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(job))
         st = Stack(cluster, ns, operator)
         # The operator knows the job (its status says so), and the pods are admitted before
@@ -92,6 +96,14 @@ def test_config_maps_hold_gzipped_xml_that_verifies(stack: Stack) -> None:
     published = schedules.load(stack.cluster.client, stack.ns, status)
     assert published is not None and len(published.ranks) == 16
     assert schedules.problems(published) == []  # inflated, joined: MSCCL's checks and a run
+
+
+def test_a_job_that_asks_for_the_portfolio_gets_its_schedules(stack: Stack) -> None:
+    status = stack.status("pk")
+    assert status["lastSynthesis"]["engine"] == "auto"
+    assert status["lastSynthesis"]["durationSeconds"] > 0
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["status"] == "True", ready
 
 
 def _project(cm: dict[str, Any], items: list[dict[str, str]], root: Path) -> None:
