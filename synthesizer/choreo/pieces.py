@@ -89,15 +89,19 @@ def _alike_into_each_rank(s: Schedule, chosen: np.ndarray) -> np.ndarray:
         chosen = into
 
 
-def best_cut(schedule: Schedule, until: float) -> tuple[Schedule, Cut] | None:
+def best_cut(schedule: Schedule, until: float, simulated: float | None = None
+             ) -> tuple[Schedule, Cut] | None:
     """The fastest cut found before the monotonic time ``until``, where one is at least
-    ``MIN_GAIN`` faster than ``schedule``; None otherwise. It tries the tail's windows,
-    then the head's, at the first count of pieces, then both ends at their best windows
-    together, then the other counts (one simulation each, while one more fits)."""
-    if not len(schedule):
+    ``MIN_GAIN`` faster than ``schedule`` (``simulated``: its simulated time, where known);
+    None otherwise. It tries the tail's windows, then the head's, at the first count of
+    pieces, then both ends at their best windows together, then the other counts (one
+    simulation each, while one more fits)."""
+    if not len(schedule) or time.monotonic() >= until:
         return None
     longest = float(durations(schedule).max())
-    base = float(simulate(schedule).makespan) * (1 - MIN_GAIN)
+    if simulated is None:
+        simulated = float(simulate(schedule).makespan)
+    base = simulated * (1 - MIN_GAIN)
     found: list[tuple[float, Cut]] = []
     fastest: tuple[float, Schedule | None, Cut | None] = (base, None, None)
     took = 0.0

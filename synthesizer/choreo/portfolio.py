@@ -188,7 +188,7 @@ def _cut_fastest(runs: list[_Candidate], end: float, run: Callable[..., _Candida
                   default=None)
     if fastest is None or fastest.schedule is None:
         return
-    found = best_cut(fastest.schedule, end)
+    found = best_cut(fastest.schedule, end, fastest.time)
     if found is not None:
         cut, how = found
         run(fastest.engine, f"{fastest.variant}, {how.label()}", lambda: cut)
