@@ -30,7 +30,7 @@ from choreo.simulate import durations, simulate
 
 PIECES = (4, 2, 8)  # pieces per cut transfer, tried in this order
 WINDOWS = (0.5, 1.0, 1.5, 2.0)  # how far from either end a transfer is cut, in longest transfers
-MIN_GAIN = 0.001  # a cut is kept only if it makes the schedule this much faster
+MIN_GAIN = 0.001  # a variant (a cut; the portfolio's chunk counts) must be this much faster
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,6 @@ def best_cut(schedule: Schedule, until: float, simulated: float | None = None
     if simulated is None:
         simulated = float(simulate(schedule).makespan)
     base = simulated * (1 - MIN_GAIN)
-    found: list[tuple[float, Cut]] = []
     fastest: tuple[float, Schedule | None, Cut | None] = (base, None, None)
     took = 0.0
 
@@ -114,7 +113,6 @@ def best_cut(schedule: Schedule, until: float, simulated: float | None = None
         t0 = time.monotonic()
         cand = cut_ends(schedule, cut)
         took = max(took, time.monotonic() - t0)
-        found.append((cand.makespan, cut))
         if cand.makespan < fastest[0]:
             fastest = (cand.makespan, cand, cut)
         return cand.makespan
@@ -129,8 +127,8 @@ def best_cut(schedule: Schedule, until: float, simulated: float | None = None
             ends[side] = w * longest
     if len(ends) == 2:
         attempt(Cut(k, ends["head"], ends["tail"]))
-    if ends:
-        at = min(found, key=lambda f: f[0])[1]
+    at = fastest[2]  # the best so far; set wherever some end gained
+    if at is not None:
         for other in PIECES[1:]:
             attempt(replace(at, pieces=other))
     _, won, how = fastest

@@ -24,7 +24,7 @@ from typing import Any
 from choreo.bounds import lower_bound
 from choreo.collectives import Demand
 from choreo.errors import ChoreoError, InputError
-from choreo.pieces import best_cut
+from choreo.pieces import MIN_GAIN, best_cut
 from choreo.schedule import Schedule
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, synthesize
@@ -36,7 +36,6 @@ SAFETY = 0.7  # share of the time left an exact solver may use (model build, che
 MILP_BINARIES = 20_000  # above this a complete MILP rarely closes within seconds
 LP_VARIABLES = 400_000
 MAX_SEARCH_CHUNKS = 64  # chunks per piece the chunk search goes up to
-MIN_GAIN = 0.001  # a chunk count is kept only if it is this much faster
 
 
 @dataclass(frozen=True)

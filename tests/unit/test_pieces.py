@@ -50,10 +50,9 @@ def test_cut_ends_keep_the_collective_and_lower(topology, collective, dialect):
         assert result.ok, str(result)
 
 
-def test_pieces_keep_their_transfers_place_in_the_plan():
-    """Piece ``i`` is planned in the ``i``-th share of its transfer's window, so a plan whose
-    times were feasible stays feasible: the simulator never runs a piece later than its
-    whole transfer ran."""
+def test_a_cut_transfer_becomes_its_pieces_and_the_rest_stay_whole():
+    """Every transfer cut becomes ``k`` transfers of one piece, every other one carries its
+    chunk's ``k`` pieces whole; on this drain the cut schedule ends no later."""
     sched = _greedy("dragonfly-4x5", Collective.ALLGATHER, GIB, 8)
     cut = cut_ends(sched, Cut(4, -1.0, float(durations(sched).max())))
     whole = cut.count == 4  # an uncut transfer carries its chunk's 4 pieces, a piece one
