@@ -194,7 +194,7 @@ def synthesize(
     if railed and any(d.n > opts.large_tenant for d in demands):
         return rail_gather(fabric, demands)
     check_alltoall_work(demands)
-    views = _logical_views(fabric, demands, opts)
+    views = logical_views(fabric, demands, opts)
     # The engine releases the GIL, so the unwinding candidates run side by side, as many
     # at once as their state fits in memory, smallest first. Each starts with the best end
     # found so far as its bar and stops when it cannot beat it (None), so the first view
@@ -245,9 +245,10 @@ _VIEWS_LOCK = threading.Lock()
 VIEWS_KEPT = 8  # a request's size buckets share their views
 
 
-def _logical_views(fabric: Topology, demands: tuple[Demand, ...],
-                   opts: SynthOptions) -> list[Topology]:
-    """Switch-free graphs to match on: the fabric, or its unwindings for a few degrees.
+def logical_views(fabric: Topology, demands: tuple[Demand, ...],
+                  opts: SynthOptions) -> list[Topology]:
+    """Switch-free graphs to match on: the fabric, or its unwindings for a few degrees (the
+    greedy engine's and the exact solvers', ``choreo.teccl.network``).
 
     Without relaying each tenant's switch ports are unwound among its own NPUs (when tenants
     do not share NPUs), so no logical link of one tenant leads through another's NPUs. They

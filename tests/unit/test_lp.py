@@ -91,3 +91,16 @@ def test_dgx_h100_alltoall_is_within_two_percent_of_the_host_cut():
     sched = _lp(fabric, d)
     assert time.perf_counter() - started < 60
     assert simulate(sched).makespan <= lower_bound(fabric, d).value_s * 1.02
+
+
+@pytest.mark.parametrize("groups", [[(0, 5)], [(0, 2, 4, 6)], [(0, 1, 2, 3), (4, 5, 6, 7)]])
+def test_tenants_on_parts_of_a_switch_reach_their_bound(groups):
+    """Each tenant's share of the switch is meshed among its own GPUs: meshing all eight and
+    cutting the others away left a pair 1/7 of its port (14% of the bound for (0, 5))."""
+    fabric = build("dgx-h100-1")
+    ds = [Demand(Collective.ALLTOALL, g, 16 << 20, chunks=2, name=f"t{i}")
+          for i, g in enumerate(groups)]
+    sched = synthesize_lp(fabric, ds, LpOptions(time_limit=30, relay=False))
+    assert verify(sched).ok
+    for d, seconds in zip(ds, simulate(sched).tenant_time, strict=True):
+        assert seconds <= lower_bound(fabric, d, [x for x in ds if x is not d]).value_s / 0.9

@@ -180,3 +180,27 @@ def test_time_limit_is_honored():
     except InfeasibleError:
         pass
     assert time.perf_counter() - started < 15.0  # HiGHS stops near its limit; a hang guard
+
+
+@pytest.mark.parametrize("coll, ranks", [(Collective.REDUCESCATTER, (0, 5)),
+                                         (Collective.ALLGATHER, (0, 1, 2)),
+                                         (Collective.ALLGATHER, (0, 2, 4, 6))])
+def test_a_tenant_on_part_of_a_switch_gets_its_ports(coll, ranks):
+    """The switch is unwound among the tenant's own GPUs, as the greedy engine unwinds it,
+    not among all eight with the others' links cut away (which left a ring with no link
+    from 0 to 5, or one not closed over 0, 1, 2)."""
+    fabric = build("dgx-h100-1")
+    d = Demand(coll, ranks, 16 << 20, chunks=2)
+    sched = synthesize_milp(fabric, [d], MilpOptions(time_limit=20, relay=False))
+    assert verify(sched).ok
+    assert simulate(sched).makespan <= lower_bound(fabric, d).value_s / 0.9
+
+
+def test_two_tenants_on_halves_of_a_switch_each_get_their_half():
+    fabric = build("dgx-h100-1")
+    a = Demand(Collective.ALLGATHER, (0, 1, 2, 3), 16 << 20, chunks=2, name="a")
+    b = Demand(Collective.ALLGATHER, (4, 5, 6, 7), 16 << 20, chunks=2, name="b")
+    sched = synthesize_milp(fabric, [a, b], MilpOptions(time_limit=20, relay=False))
+    assert verify(sched).ok
+    bound = lower_bound(fabric, a, [b]).value_s
+    assert max(simulate(sched).tenant_time) <= bound / 0.9

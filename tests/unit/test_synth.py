@@ -337,19 +337,19 @@ def test_views_that_cannot_win_stop_early_and_the_pick_is_unchanged(name: str,
     """Each view runs against the best end found so far and stops once it cannot beat it:
     the one synthesize keeps is the earliest of every view run to the end (the first among
     equals), and a cutoff below a view's own end stops it."""
-    from choreo.synth import _logical_views, _synthesize_on
+    from choreo.synth import logical_views, _synthesize_on
 
     fabric = build(name)
     d = Demand(coll, tuple(fabric.npus), 64 << 20, 1)
     opts = SynthOptions(rail_gather=False, tree_packing=False)
-    whole = [_synthesize_on(fabric, v, (d,), opts) for v in _logical_views(fabric, (d,), opts)]
+    whole = [_synthesize_on(fabric, v, (d,), opts) for v in logical_views(fabric, (d,), opts)]
     assert len(whole) > 1 and all(s is not None for s in whole)
     ends = [s.makespan for s in whole if s is not None]
     picked = synthesize(fabric, [d], opts)
     first = whole[ends.index(min(ends))]
     assert first is not None and picked.makespan == min(ends)
     assert np.array_equal(picked.start, first.start) and np.array_equal(picked.link, first.link)
-    view = _logical_views(fabric, (d,), opts)[ends.index(max(ends))]
+    view = logical_views(fabric, (d,), opts)[ends.index(max(ends))]
     assert _synthesize_on(fabric, view, (d,), opts, cutoff=max(ends) * (1 - 1e-9)) is None
     kept = _synthesize_on(fabric, view, (d,), opts, cutoff=max(ends))
     assert kept is not None and kept.makespan == max(ends)

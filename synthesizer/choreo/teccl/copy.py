@@ -145,6 +145,8 @@ def _solve_view(fabric: Topology, view: Topology, demands: tuple[Demand, ...], s
     offset = 0.0
     for phase in _phases(view, demands):
         net = make_net(view, demands)
+        if not net.num_links:
+            raise InfeasibleError("no usable link")
         if phase.reverse:
             net = net.reversed()
         tau = epoch_candidates(net, (scale,), opts.pipelined_alpha)[0]

@@ -156,8 +156,8 @@ def _solve(fabric: Topology, demands: tuple[Demand, ...], chunks: int, parallel:
     K = opts.epochs or max(8, 3 * diam + 2)
     tau0 = max(float(groups.time.min()), bound * 1.05 / K)
     kappa = np.maximum(1, np.ceil(groups.time / tau0 - 1e-9)).astype(np.int64).max(axis=0)
-    far = _hops(n, groups.src, groups.dst, kappa)[np.ix_(_members(demands), _members(demands))]
-    K = max(K, int(far.max()) + 1)
+    far = _hops(n, groups.src, groups.dst, kappa)  # within each tenant: views may not join them
+    K = max(K, 1 + max(int(far[np.ix_(d.ranks, d.ranks)].max()) for d in demands))
     supply, want, origin_of = _commodities(n, demands)
     lp = _build(groups, hop, kappa, supply, want, origin_of, K, tau0, opts.shortest_routes)
     sol = lp.model.solve(time_limit=time_limit, threads=opts.threads)
@@ -171,10 +171,6 @@ def _solve(fabric: Topology, demands: tuple[Demand, ...], chunks: int, parallel:
                        "lp_time": float(sol.x[lp.tau]) * tau0 * K, "variables": lp.model.num_vars,
                        "lower_bound": bound})
     return sched
-
-
-def _members(demands: tuple[Demand, ...]) -> np.ndarray:
-    return np.array(sorted({r for d in demands for r in d.ranks}), dtype=np.int64)
 
 
 def _commodities(n: int, demands: tuple[Demand, ...]

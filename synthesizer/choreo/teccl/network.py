@@ -1,8 +1,9 @@
 """The switch-free graph a formulation runs on, and what one chunk costs on each of its links.
 
 Schedules may only name NPU-to-NPU links, so switch fabrics are first turned into logical
-links (``choreo.unwind``). The copy MILP uses the same circulant unwinding as the greedy
-engine; the flow LP uses the full mesh of fractional shares, optionally split into
+links (``choreo.unwind``), each tenant's among its own NPUs as the greedy engine unwinds them
+(``choreo.synth.logical_views``). The copy MILP uses the same circulant unwindings as the
+greedy engine; the flow LP uses the full mesh of fractional shares, optionally split into
 ``parallel`` concurrent shares per NPU pair: a share is a static slice of its ports, so
 several shares let several transfers' alphas overlap on one port (the verifier's resource
 model), which matters when per-transfer latency is a visible fraction of a port's load.
@@ -15,8 +16,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from choreo.collectives import Demand
+from choreo.synth import SynthOptions, logical_views
 from choreo.topology import Link, Topology
-from choreo.transforms import restrict
 
 
 @dataclass(frozen=True)
@@ -64,27 +65,17 @@ def switch_ports(fabric: Topology) -> int:
 
 def views(fabric: Topology, demands: tuple[Demand, ...], relay: bool,
           degrees: tuple[int, ...] | None = None) -> list[Topology]:
-    """Switch-free views of ``fabric`` restricted to the tenants' relays: the fabric itself,
-    or one circulant unwinding per degree (default: the greedy engine's candidates)."""
-    members = {r for d in demands for r in d.ranks}
-    if not fabric.switches:
-        return [restrict(fabric, members, relay)]
-    from choreo.unwind import candidate_degrees, unwind
-
-    degs = degrees or tuple(candidate_degrees(switch_ports(fabric)))
-    return [restrict(unwind(fabric, d), members, relay) for d in degs]
+    """Switch-free views of ``fabric`` restricted to the tenants' relays: the greedy engine's
+    own (the fabric itself, or one circulant unwinding per degree), so a tenant on part of a
+    switch is unwound among its own NPUs, not among every port with the others cut away."""
+    return logical_views(fabric, demands, SynthOptions(relay=relay, degrees=degrees))
 
 
 def mesh_view(fabric: Topology, demands: tuple[Demand, ...], relay: bool,
               parallel: int = 1) -> Topology:
     """Full mesh of fractional shares on every switch, each pair's share split ``parallel``
     ways; direct links are kept whole (a physical cable is not sliced)."""
-    members = {r for d in demands for r in d.ranks}
-    if not fabric.switches:
-        return restrict(fabric, members, relay)
-    from choreo.unwind import unwind
-
-    topo = unwind(fabric, switch_ports(fabric) - 1)
+    topo = views(fabric, demands, relay, (switch_ports(fabric) - 1,))[0]
     if parallel > 1:
         links: list[Link] = []
         for lk in topo.links:
@@ -96,7 +87,7 @@ def mesh_view(fabric: Topology, demands: tuple[Demand, ...], relay: bool,
             else:
                 links.append(lk)
         topo = replace(topo, links=tuple(links), name=f"{topo.name}/x{parallel}")
-    return restrict(topo, members, relay)
+    return topo
 
 
 def hop_epochs(net: Net, epochs: np.ndarray, reverse: bool = False) -> np.ndarray:
