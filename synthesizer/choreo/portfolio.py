@@ -27,7 +27,7 @@ from choreo.errors import ChoreoError, InputError
 from choreo.pieces import MIN_GAIN, best_cut
 from choreo.schedule import Schedule
 from choreo.simulate import simulate
-from choreo.synth import SynthOptions, synthesize
+from choreo.synth import SynthOptions, check_demands, synthesize
 from choreo.topology import Topology
 from choreo.verify import verify
 
@@ -86,6 +86,7 @@ def solve(fabric: Topology, demands: Sequence[Demand], engine: str = "auto",
         raise InputError(f"deadline: must be positive, got {deadline_s}")
     opts = options or PortfolioOptions()
     demands = tuple(demands)
+    check_demands(fabric, demands, opts.relay)  # once, not once per candidate that fails it
     started = time.monotonic()
     end = started + deadline_s
     runs: list[_Candidate] = []

@@ -7,11 +7,12 @@ import time
 import pytest
 
 from choreo.collectives import Collective, Demand
-from choreo.errors import InputError
+from choreo.errors import InfeasibleError, InputError
 from choreo.generators import build
 from choreo.msccl.lower import lowerable
 from choreo.portfolio import PortfolioOptions, solve
 from choreo.simulate import simulate
+from choreo.transforms import fail_links
 from choreo.synth import SynthOptions, auto_chunks, synthesize
 from choreo.verify import verify
 
@@ -92,6 +93,19 @@ def test_bad_engine_and_deadline_are_refused():
     with pytest.raises(InputError, match="MILP"):
         solve(fabric, [d], "lp")
 
+
+
+@pytest.mark.parametrize("engine", ["auto", "milp", "greedy"])
+def test_a_tenant_cut_apart_is_refused_once_before_any_engine_runs(engine):
+    """The failure is named once, as greedy names it, not once per candidate inside "no
+    engine produced a verified schedule", and no engine spends the deadline on it."""
+    fabric = fail_links(build("ring-4"), [(0, 1), (2, 3)])
+    d = Demand(Collective.ALLGATHER, (0, 1, 2, 3), 4 << 20)
+    started = time.monotonic()
+    with pytest.raises(InfeasibleError, match="disconnected") as err:
+        solve(fabric, [d], engine, deadline_s=30)
+    assert "no engine" not in str(err.value) and str(err.value).count("disconnected") == 1
+    assert time.monotonic() - started < 5
 
 def test_auto_searches_the_chunk_count():
     """Chunks trade pipelining against per-step alphas: from the rule of thumb's count, the
