@@ -385,3 +385,20 @@ def test_tenants_running_at_once_share_only_the_links_they_share() -> None:
         assert j.seconds > a.seconds
         assert "spine" in j.explanation and "spine" not in a.explanation  # the shared uplinks
     assert joint[0].seconds == pytest.approx(joint[1].seconds)  # mirror images
+
+
+@pytest.mark.parametrize("coll", [Collective.ALLREDUCE, Collective.BROADCAST])
+def test_a_gpu_whose_only_link_out_failed_leaves_nccl_a_path(coll: Collective) -> None:
+    """On dragonfly-3x4 each GPU has one link out of its group. With one failed, that GPU
+    reaches the other groups through a peer's: NCCL's model keeps a positive speed (it divided
+    by zero, an internal error in the service) and, with no NIC of its own to lose, the
+    ring's speed of the healthy fabric."""
+    healthy = build("dragonfly-3x4")
+    out = next(i for i, lk in enumerate(healthy.links)
+               if healthy.names[lk.src].split("/")[0] != healthy.names[lk.dst].split("/")[0])
+    fabric = healthy.with_health(frozenset(), [out])
+    d = Demand(coll, tuple(fabric.npus), 1 << 16, 1)
+    assert describe(fabric, d.ranks).nic_bandwidth > 0
+    ours = nccl_baseline(fabric, d)
+    assert np.isfinite(ours.seconds) and ours.seconds > 0
+    assert ours.seconds == pytest.approx(nccl_baseline(healthy, d).seconds)

@@ -98,7 +98,9 @@ class NcclFabric:
     @property
     def nic_bandwidth(self) -> float:
         """Slowest NIC any host uses, or (no NIC information) the fastest single link out of
-        the slowest GPU: NCCL then sends over one path, like a host with one NIC."""
+        the slowest GPU: NCCL then sends over one path, like a host with one NIC. A GPU with
+        no usable link out of its host (its only one failed) reaches the others through a
+        peer's, so it does not count; 0 where no GPU has one."""
         if self.has_nics:
             return min(nic.bandwidth for h in self.hosts for nic in h.nics)
         best = []
@@ -106,7 +108,8 @@ class NcclFabric:
             for g in h.gpus:
                 out = [self.topo.links[i].bandwidth for i in self.topo.out_links(g)
                        if self.topo.usable(i) and self.topo.links[i].dst not in h.gpus]
-                best.append(max(out, default=0.0))
+                if out:
+                    best.append(max(out))
         return min(best, default=0.0)
 
 
