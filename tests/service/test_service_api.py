@@ -336,6 +336,21 @@ def test_failed_npu_is_failed_precondition(served: Running) -> None:
     assert details_of(err)["ErrorInfo"].reason == "NPU_FAILED"  # type: ignore[attr-defined]
 
 
+
+def test_an_exact_model_too_large_is_invalid_argument_and_the_worker_lives(
+        served: Running) -> None:
+    """engine milp on a 23-rank AllToAll of switch2d-8x4: refused with the model's size, not
+    a worker grown to the machine's memory and killed (INTERNAL "worker died")."""
+    fabric = build("switch2d-8x4")
+    tenants = [TenantRequest.one("big", fabric.npus[:23], "alltoall", 16 << 20, chunks=2)]
+    request = build_request(fabric, tenants, RequestOptions(engine="milp",
+                                                             deadline_seconds=20))
+    err = _fail(served, request)
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert "engine milp" in err.details() and "above its limit" in err.details()
+    resp = served.client.synthesize(quick_request("after"), timeout=60)
+    assert resp.tenants[0].collectives[0].buckets
+
 def test_request_over_the_size_limit_is_refused_by_the_server(served: Running) -> None:
     big = quick_request("big")
     big.fabric.name = "x" * (65 << 20)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 import math
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
-from choreo.errors import InfeasibleError
+from choreo.errors import InfeasibleError, InputError
 from choreo.generators import build
 from choreo.schedule import Op
 from choreo.simulate import simulate
@@ -204,3 +205,22 @@ def test_two_tenants_on_halves_of_a_switch_each_get_their_half():
     assert verify(sched).ok
     bound = lower_bound(fabric, a, [b]).value_s
     assert max(simulate(sched).tenant_time) <= bound / 0.9
+
+
+def test_a_model_too_large_for_memory_is_refused_before_it_is_built():
+    """A 23-rank AllToAll in 2 chunks on switch2d-8x4: each window of the MILP needs over
+    300,000 variables (one of 571,000 binaries held 3.2 GB; in the service a worker grew to
+    the machine's 23 GB and was killed). It is refused naming the size and the limit, on
+    every view, before the model's arrays exist."""
+    fabric = build("switch2d-8x4")
+    d = Demand(Collective.ALLTOALL, tuple(fabric.npus[:23]), 16 << 20, chunks=2)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match=r"engine milp: a window of \d+ epochs over "
+                           r"\d+ chunks and \d+ links needs [\d,]+ variables, above its "
+                           r"limit of 300,000"):
+            synthesize_milp(fabric, [d], MilpOptions(time_limit=20, relay=False))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 300 << 20

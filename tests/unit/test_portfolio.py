@@ -12,8 +12,8 @@ from choreo.generators import build
 from choreo.msccl.lower import lowerable
 from choreo.portfolio import PortfolioOptions, solve
 from choreo.simulate import simulate
-from choreo.transforms import fail_links
 from choreo.synth import SynthOptions, auto_chunks, synthesize
+from choreo.transforms import fail_links
 from choreo.verify import verify
 
 

@@ -337,7 +337,7 @@ def test_views_that_cannot_win_stop_early_and_the_pick_is_unchanged(name: str,
     """Each view runs against the best end found so far and stops once it cannot beat it:
     the one synthesize keeps is the earliest of every view run to the end (the first among
     equals), and a cutoff below a view's own end stops it."""
-    from choreo.synth import logical_views, _synthesize_on
+    from choreo.synth import _synthesize_on, logical_views
 
     fabric = build(name)
     d = Demand(coll, tuple(fabric.npus), 64 << 20, 1)

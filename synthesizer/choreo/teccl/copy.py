@@ -20,7 +20,7 @@ import numpy as np
 
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
-from choreo.errors import InfeasibleError
+from choreo.errors import InfeasibleError, InputError
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
 from choreo.synth import check_demands
@@ -118,6 +118,7 @@ def synthesize_milp(fabric: Topology, demands: Sequence[Demand],
     cands = views(fabric, demands, opts.relay, opts.degrees)
     best: Schedule | None = None
     errors: list[str] = []
+    too_large: InputError | None = None
     jobs = [(v, s) for v in cands for s in opts.epoch_scales]
     for i, (view, scale) in enumerate(jobs):
         left = deadline - time.monotonic()
@@ -130,8 +131,13 @@ def synthesize_milp(fabric: Topology, demands: Sequence[Demand],
         except InfeasibleError as err:
             errors.append(f"{view.name} x{scale}: {err}")
             continue
+        except InputError as err:  # too large on this view; a sparser one may fit
+            too_large = too_large or err
+            continue
         if best is None or sched.makespan < best.makespan:
             best = sched
+    if best is None and too_large is not None:
+        raise too_large
     if best is None:
         raise InfeasibleError("MILP found no schedule: " + "; ".join(errors[:3]))
     best.meta["synthesis_seconds"] = time.monotonic() - started

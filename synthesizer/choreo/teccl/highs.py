@@ -12,7 +12,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from choreo.errors import InputError
+
 INF = float("inf")
+# A time-expanded model's memory grows with its variables (a 571,000-binary MILP window held
+# 3.2 GB), and HiGHS closes none this large within a request's deadline: refuse it before it
+# is built.
+MAX_VARIABLES = 300_000
+
+
+def check_size(variables: int, engine: str, what: str) -> None:
+    """InputError naming the size and the limit where a model would exceed ``MAX_VARIABLES``."""
+    if variables > MAX_VARIABLES:
+        raise InputError(
+            f"engine {engine}: {what} needs {variables:,} variables, above its limit of "
+            f"{MAX_VARIABLES:,} (memory and time); use fewer ranks or chunks, or engine "
+            "greedy or auto")
 
 
 @dataclass
