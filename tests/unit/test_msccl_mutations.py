@@ -210,6 +210,11 @@ GOOD_HEAD = ('<algo name="x" proto="Simple" nchannels="1" nchunksperloop="2" ngp
      'deps="-1" hasdep="0"/>', "structure", 1, "as the document element"),
     (GOOD_HEAD + '\n<step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" '
      'depid="-1" deps="-1" hasdep="0"/></algo>', "structure", 2, "inside <algo>"),
+    # the inner </tb> closes the unexpected element, not the <tb> around it
+    (GOOD_HEAD + '\n<gpu id="0" i_chunks="1" o_chunks="2" s_chunks="0">\n<tb id="0" send="1" '
+     'recv="-1" chan="0">\n<tb id="1" send="-1" recv="-1" chan="0"></tb>\n<step s="0" type="s" '
+     'srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>'
+     '</tb></gpu></algo>', "structure", 4, "unexpected <tb> inside <tb>"),
 ])
 def test_malformed_input_is_located(text: str, rule: str, line: int, needle: str) -> None:
     found = [v for v in validate(text) if v.rule == rule]
@@ -227,3 +232,21 @@ def test_step_violation_names_gpu_tb_step_and_line() -> None:
     v = next(v for v in validate(text) if v.rule == "cnt")
     assert (v.line, v.gpu, v.tb, v.step) == (4, 0, 0, 0)
     assert str(v).startswith("line 4 gpu 0 tb 0 step 0: [cnt]")
+
+
+def test_a_count_no_runtime_takes_is_refused_not_followed() -> None:
+    """cnt=2**31 on one step: the interpreter built a list of that many values until memory
+    ran out; the runtime's limit is named instead."""
+    algo = model()
+    step = algo.gpus[0].tbs[0].steps[0]
+    step.cnt = 1 << 31
+    with pytest.raises(InputError, match=rf"line {step.line}: cnt=2147483648 must be in 0..71"):
+        run(to_text(algo))
+
+
+def test_a_loop_too_large_to_follow_is_refused() -> None:
+    algo = model()
+    algo.attrs["nchunksperloop"] = str(1 << 24)
+    with pytest.raises(InputError, match=r"ngpus=8 x nchunksperloop=16777216 is 134,217,728 "
+                       r"chunks, more than the interpreter follows \(16,777,216\)"):
+        run(to_text(algo))

@@ -22,6 +22,9 @@ from choreo.msccl.parse import comment_fields, detect_dialect, parse
 from choreo.msccl.xmlmodel import READS_SRC, RECVS, SENDS, WRITES_DST, Algo, Step, Tb
 
 MAX_MESSAGES = 30
+# Ranks x chunks of one loop the interpreter follows (a 1024-GPU AllReduce file has 6.3 M); a
+# file claiming more is refused, not followed until memory runs out.
+MAX_CELLS = 1 << 24
 
 # Values: ("d", origin rank, input unit) or ("r", unit, contributor bitmask, problem text).
 Value = tuple
@@ -85,6 +88,15 @@ def run(xml_text: str, *, capacity: int = layout.FIFO_CHUNKS, root: int | None =
         raise InputError(f"line {algo.line}: ngpus={n} must be positive and match the <gpu> ids "
                          f"0..{n - 1} (found {len(algo.gpus)} <gpu>); a per-node split file "
                          "cannot be run alone")
+    if n * L > MAX_CELLS:
+        raise InputError(f"line {algo.line}: ngpus={n} x nchunksperloop={L} is {n * L:,} "
+                         f"chunks, more than the interpreter follows ({MAX_CELLS:,})")
+    for g in algo.gpus:
+        for tb in g.tbs:
+            for st in tb.steps:
+                if not 0 <= st.cnt <= layout.MAX_CNT:
+                    raise InputError(f"line {st.line}: cnt={st.cnt} must be in "
+                                     f"0..{layout.MAX_CNT}")
     units = layout.Units(coll, n, L)
     if units.needs_piece_divisible and L % n:
         raise InputError(f"line {algo.line}: nchunksperloop={L} is not a multiple of "

@@ -201,10 +201,12 @@ class _Reader:
                 v["hasdep"], line=line))
 
     def end(self, tag: str) -> None:
-        self.stack.pop()
-        if tag == "gpu":
+        # What closes is what the stack says opened: an unexpected <tb> inside a <tb> was
+        # kept as "?", and its </tb> must not end the <tb> around it.
+        closed = self.stack.pop()
+        if closed == "gpu":
             self.gpu = None
-        elif tag == "tb":
+        elif closed == "tb":
             self.tb = None
 
 
