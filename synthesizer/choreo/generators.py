@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from choreo.errors import InputError
-from choreo.topology import Link, NodeKind, Topology
+from choreo.topology import MAX_LINKS, MAX_NPUS, Link, NodeKind, Topology
 
 GB = 1e9
 # Achievable rates of the H100 presets (what nccl-tests reaches, not the nominal peaks of
@@ -89,9 +89,6 @@ def _per_dim_kind(field: str, value: str | Sequence[str], ndims: int) -> list[st
     if len(value) != ndims:
         raise InputError(f"{field}: expected {ndims} kinds (one per dimension), got {len(value)}")
     return [str(v) for v in value]
-
-
-MAX_LINKS = 1 << 24  # about 3 GiB of links; denser fabrics are refused before they are built
 
 
 def _fits_links(field: str, links: int) -> None:
@@ -666,9 +663,6 @@ class Shape:
     description: str
     generator: Callable[..., Topology]
     make: Callable[[str | None, dict[str, Any]], Topology]
-
-
-MAX_NPUS = 1 << 20  # a fabric of more NPUs (or nodes) is refused before it is built
 
 
 def _ints(shape: str, size: str | None, count: int | None) -> list[int]:

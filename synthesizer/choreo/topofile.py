@@ -26,7 +26,7 @@ import yaml
 
 from choreo.errors import InputError
 from choreo.generators import build, is_builtin_name
-from choreo.topology import Link, NodeKind, Topology
+from choreo.topology import MAX_LINKS, MAX_NPUS, Link, NodeKind, Topology
 
 FILE_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -129,6 +129,7 @@ def topology_from_doc(doc: Any, where: str = "topology") -> Topology:
     n = len(kinds)
     defaults = doc.get("defaults", {})
     links: list[Link] = []
+    expanded = 0
     for i, raw in enumerate(doc["links"]):
         at = f"{where}: links[{i}]"
         merged = {**defaults, **raw}
@@ -152,6 +153,10 @@ def topology_from_doc(doc: Any, where: str = "topology") -> Topology:
             healthy=merged.get("healthy", True),
             via=tuple(merged.get("via", ())),
         )
+        expanded += merged.get("count", 1) * (2 if merged.get("bidirectional", False) else 1)
+        if expanded > MAX_LINKS:
+            raise InputError(f"{at}.count: the links expand to {expanded:,} or more, more than "
+                             f"the {MAX_LINKS:,} a fabric may have")
         for _ in range(merged.get("count", 1)):
             links.append(link)
             if merged.get("bidirectional", False):
@@ -190,6 +195,10 @@ def _nodes(doc: dict[str, Any], where: str) -> tuple[tuple[NodeKind, ...], tuple
     if "nodes" not in doc:
         if "npus" not in doc:
             raise InputError(f"{where}: 'nodes' or 'npus' is required")
+        n = doc["npus"] + doc.get("switches", 0)
+        if n > MAX_NPUS:
+            raise InputError(f"{where}: npus: {n:,} nodes, more than the {MAX_NPUS:,} a fabric "
+                             "may have")
         kinds = (NodeKind.NPU,) * doc["npus"] + (NodeKind.SWITCH,) * doc.get("switches", 0)
         return kinds, ()
     nodes = doc["nodes"]

@@ -18,6 +18,10 @@ from typing import Any
 
 from choreo.errors import InputError
 
+# The largest fabric choreo builds, from a generator or a file: anything larger is refused before
+# it is allocated (a link is about 200 B, so MAX_LINKS is about 3 GiB).
+MAX_NPUS = 1 << 20  # NPUs, or nodes of a generator's shape
+MAX_LINKS = 1 << 24
 LINK_KINDS = ("nvlink", "nvswitch", "pcie", "ib", "roce", "ethernet", "optical", "xgmi", "generic")
 
 

@@ -153,6 +153,15 @@ def test_json_file_with_nodes_list(tmp_path: Path) -> None:
         ("nodes: [{name: a}, {name: a}]\nlinks: []", "nodes[1].name: 'a' is already nodes[0]"),
         ("- 1\n- 2\n", "expected a mapping"),
         ("npus: 2\nlinks: [{src: 0, dst: 1", "fab.yaml:"),
+        # refused before a node or link is allocated, not built until memory runs out
+        ("npus: 1000000000\nlinks: []", "npus: 1,000,000,000 nodes, more than the 1,048,576"),
+        ("npus: 2\nswitches: 2000000\nlinks: []", "npus: 2,000,002 nodes"),
+        (
+            "npus: 2\nlinks: [{src: 0, dst: 1, bandwidth: 1, bidirectional: true, "
+            "count: 1000000000}]",
+            "links[0].count: the links expand to 2,000,000,000 or more, more than the "
+            "16,777,216",
+        ),
     ],
 )
 def test_errors_name_file_and_field(tmp_path: Path, text: str, message: str) -> None:
