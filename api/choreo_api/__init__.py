@@ -47,7 +47,7 @@ class Model(BaseModel):
 
     model_config = ConfigDict(
         frozen=True, extra="ignore", alias_generator=to_camel, validate_by_name=True,
-        validate_by_alias=True, serialize_by_alias=True,
+        validate_by_alias=True, serialize_by_alias=True, allow_inf_nan=False,
     )  # fmt: skip
 
     def model_post_init(self, context: Any, /) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from api_helpers import fabric
+from api_helpers import fabric, valid
 
 from choreo.generators import build
 from choreo_agents.agent import Agent, Settings
@@ -210,6 +210,23 @@ def test_problems_name_the_field_like_the_api_server() -> None:
     assert isinstance(missing, model.Invalid)
     assert missing.message.startswith("spec.interNode.rails: Input should be greater than or")
 
+
+
+def test_a_float_no_json_carries_is_refused_not_built_into_a_zero_bandwidth_link() -> None:
+    """An infinite spineOversubscription divided the uplinks' bandwidth to 0, and routing over
+    them divided by zero. The API server's JSON cannot carry inf or NaN; a Python caller can,
+    and gets the field named."""
+    body = {"metadata": {"name": "f"}, "spec": {
+        "nodes": [{"name": "a", "position": 0, "block": "x"},
+                  {"name": "b", "position": 1, "block": "y"}],
+        "interNode": {"type": "rail", "rails": 8, "spineOversubscription": float("inf")}}}
+    got = model.fabric_topology(body)
+    assert isinstance(got, model.Invalid)
+    assert got.message.startswith("spec.interNode.spineOversubscription: Input should be a "
+                                  "finite number")
+    body["spec"]["interNode"]["spineOversubscription"] = 2.0  # type: ignore[index]
+    topo = build_fabric(valid(model.fabric_topology(body)), {}).topology
+    assert min(lk.bandwidth for lk in topo.links) > 0
 
 def test_collective_spec_prints_as_the_hash_of_recorded_inputs_expects() -> None:
     """The operator hashes each tenant's collectives by their repr; the repr is the one the
