@@ -224,3 +224,21 @@ def test_a_model_too_large_for_memory_is_refused_before_it_is_built():
     finally:
         tracemalloc.stop()
     assert peak < 300 << 20
+
+
+def test_a_link_too_slow_for_the_epoch_grid_is_left_out_of_the_model():
+    """A 1 kB/s link beside 50 GB/s ones spans 5e7 epochs of the fastest transfer; a
+    1e18 B/s link beside a 1 B/s one asked the grid for 1.5 EiB (its epoch counts past int64).
+    Such links are left out: the MILP solves without them, and where one is a bridge it says
+    so, as an InfeasibleError, without building the grid."""
+    fast = duplex(0, 1, 0.0, 50e9) + duplex(1, 2, 0.0, 50e9)
+    fabric = Topology("unlike", (NodeKind.NPU,) * 3, tuple(fast + duplex(0, 2, 0.0, 1e3)))
+    d = Demand(Collective.ALLGATHER, (0, 1, 2), 1 << 20, chunks=1)
+    sched = synthesize_milp(fabric, [d], MilpOptions(time_limit=10))
+    assert verify(sched).ok and not {4, 5} & set(sched.link.tolist())
+    bridge = Topology("bridge", (NodeKind.NPU,) * 3, tuple(
+        duplex(0, 1, 0.0, 1e18) + duplex(1, 2, 100.0, 1.0)))
+    started = time.perf_counter()
+    with pytest.raises(InfeasibleError, match="MILP found no schedule"):
+        synthesize_milp(bridge, [d], MilpOptions(time_limit=10))
+    assert time.perf_counter() - started < 5

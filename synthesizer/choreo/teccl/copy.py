@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from choreo.teccl.search import Budget, Plan, complete, rounds, window_size
 from choreo.topology import Topology
 from choreo.verify import check, verify
 
+# Epochs of the fastest transfer that one transfer on a link may span for the link to be in
+# the model: the grid's arrays grow with it.
+MAX_SPREAD = 4096
 
 @dataclass(frozen=True)
 class MilpOptions:
@@ -156,12 +159,15 @@ def _solve_view(fabric: Topology, view: Topology, demands: tuple[Demand, ...], s
         if phase.reverse:
             net = net.reversed()
         tau = epoch_candidates(net, (scale,), opts.pipelined_alpha)[0]
+        net = _within_spread(net, tau)
         grid = make_grid(net, tau, net.alpha, opts.pipelined_alpha)
         lower = 0
         if not opts.pipelined_alpha:
             for d in phase.demands:
                 lower = max(lower, epochs_for(lower_bound(fabric, d).value_s * (1 - 1e-9), tau))
-        use_rounds = opts.round_epochs is not None
+        # Past max_epochs the complete search cannot end: rounds, without sizing a window
+        # of the bound's epochs first.
+        use_rounds = opts.round_epochs is not None or lower > opts.max_epochs
         if not use_rounds:
             from choreo.teccl.network import hop_epochs
 
@@ -188,6 +194,19 @@ def _solve_view(fabric: Topology, view: Topology, demands: tuple[Demand, ...], s
     sched.meta.update({"view": view.name, "epoch_scale": scale, "phases": infos,
                        "pipelined_alpha": opts.pipelined_alpha})
     return sched
+
+
+def _within_spread(net: Net, tau: float) -> Net:
+    """The links on which one chunk spans at most ``MAX_SPREAD`` epochs of ``tau``: a slower
+    one would stretch the grid past memory (a 1 B/s link beside 1e18 B/s ones asked for
+    1.5 EiB) for a link that carries next to nothing; greedy still weighs it."""
+    keep = net.time.max(axis=0) <= MAX_SPREAD * tau
+    if keep.all():
+        return net
+    if not keep.any():
+        raise InfeasibleError("no link within the epoch model's spread")
+    return replace(net, link=net.link[keep], src=net.src[keep], dst=net.dst[keep],
+                   alpha=net.alpha[keep], time=net.time[:, keep])
 
 
 def _to_schedule(fabric: Topology, view: Topology, demands: tuple[Demand, ...], net: Net,

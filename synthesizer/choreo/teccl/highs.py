@@ -21,13 +21,14 @@ INF = float("inf")
 MAX_VARIABLES = 300_000
 
 
-def check_size(variables: int, engine: str, what: str) -> None:
-    """InputError naming the size and the limit where a model would exceed ``MAX_VARIABLES``."""
-    if variables > MAX_VARIABLES:
+def check_size(count: int, engine: str, what: str, unit: str = "variables") -> None:
+    """InputError naming the size and the limit where a model would need more than
+    ``MAX_VARIABLES`` variables (or more than ten times as many matrix entries)."""
+    limit = MAX_VARIABLES if unit == "variables" else 10 * MAX_VARIABLES
+    if count > limit:
         raise InputError(
-            f"engine {engine}: {what} needs {variables:,} variables, above its limit of "
-            f"{MAX_VARIABLES:,} (memory and time); use fewer ranks or chunks, or engine "
-            "greedy or auto")
+            f"engine {engine}: {what} needs {count:,} {unit}, above its limit of {limit:,} "
+            "(memory and time); use fewer ranks or chunks, or engine greedy or auto")
 
 
 @dataclass

@@ -153,6 +153,8 @@ def solve_window(net: Net, grid: Grid, spread: Spread, window: Window, epochs: i
 
     # link capacity per epoch: occupied shares add up to at most one
     occ = kappa[f_c, f_e]
+    check_size(int(occ.sum()), "milp", f"the link capacity of a window of {K} epochs",
+               "matrix entries")
     o_idx = np.repeat(np.arange(nf), occ)
     o_k = f_k[o_idx] + _ramp(occ)
     inside = o_k < K
