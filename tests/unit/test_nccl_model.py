@@ -18,8 +18,9 @@ from choreo.nccl.model import nccl_jointly, nvls_chunk_size
 from choreo.nccl.schedule import ring_schedule
 from choreo.nccl.traffic import sends
 from choreo.nccl.tuning import PAT, choose, estimates
+from choreo.routing import Router
 from choreo.simulate import simulate
-from choreo.topology import Topology
+from choreo.topology import NodeKind, Topology, duplex
 from choreo.verify import verify
 
 C = Collective
@@ -402,3 +403,16 @@ def test_a_gpu_whose_only_link_out_failed_leaves_nccl_a_path(coll: Collective) -
     ours = nccl_baseline(fabric, d)
     assert np.isfinite(ours.seconds) and ours.seconds > 0
     assert ours.seconds == pytest.approx(nccl_baseline(healthy, d).seconds)
+
+
+def test_a_route_whose_last_hop_adds_nothing_in_floating_point_is_found() -> None:
+    """GPU 1's one link is 1 B/s, GPU 0 to 2 is 1e18 B/s: for a 1 TiB message the path
+    1 -> 0 -> 2 costs what 1 -> 0 does, to the last bit, and the compiled search pruned node 0
+    at its two-hop bound ("no usable path", an INTERNAL error from the service)."""
+    links = [(0, 1, 1e-12, 1.0), (0, 2, 1e-6, 1e18), (2, 3, 1e-12, 1.0), (0, 4, 1e-6, 1.0),
+             (2, 4, 0.0, 1e18)]
+    fabric = Topology("unlike", (NodeKind.NPU,) * 4 + (NodeKind.SWITCH,), tuple(
+        lk for a, b, alpha, bw in links for lk in duplex(a, b, alpha, bw)))
+    assert Router(fabric, 1 << 40).paths_from({1: [2]}) == {(1, 2): (1, 2)}
+    d = Demand(Collective.ALLGATHER, (0, 1, 2, 3), 1 << 40, 1)
+    assert np.isfinite(nccl_baseline(fabric, d).seconds)

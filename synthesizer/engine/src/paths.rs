@@ -126,7 +126,9 @@ pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
             for k in g.adj_ptr[v] as usize..g.adj_ptr[v + 1] as usize {
                 let w = g.adj_head[k] as usize;
                 let nd = d + g.adj_cost[k];
-                if nd < dist[w] && (nd < bound || wanted[w]) {
+                // At the bound, not below it: in floating point a tiny last hop can add
+                // nothing, so a node on the cheapest path may cost the bound itself.
+                if nd < dist[w] && (nd <= bound || wanted[w]) {
                     if dist[w].is_infinite() {
                         touched.push(w);
                     }
@@ -188,5 +190,21 @@ mod tests {
         assert_eq!(ptr, vec![0, 2, 3, 4]);
         assert_eq!(links, vec![0, 1, 0, 1]);
         assert!(paths(&g, &[0], &[0, 1], &[3]).is_err());
+    }
+
+    /// 1 -> 0 costs 1.0995e12 (1 TiB over 1 B/s), 0 -> 2 costs 1e-6: in floating point the
+    /// sum is 1.0995e12 again, so node 0 costs exactly the two-hop bound and must be kept.
+    #[test]
+    fn a_node_at_the_bound_is_kept() {
+        let link_src = [1i64, 0, 0, 2];
+        let g = Graph {
+            adj_ptr: &[0, 2, 3, 4],
+            adj_link: &[2, 1, 0, 3],
+            adj_head: &[1, 2, 0, 0],
+            adj_cost: &[1.0, 1e-6, 1.0995e12, 1e-6],
+            link_src: &link_src,
+        };
+        let (ptr, links) = paths(&g, &[1], &[0, 1], &[2]).unwrap();
+        assert_eq!((ptr, links), (vec![0, 2], vec![0, 1]));
     }
 }
