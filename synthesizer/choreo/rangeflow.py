@@ -96,19 +96,28 @@ def _demand(d: Demand) -> tuple[list[int], list[int], list[int], list[int], list
             [x[2] for x in spans])
 
 
-def _events(s: Schedule, rows: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per event in replay order, whether it is a read and its transfer: a read at
-    ``start + eps`` comes after every write that ends by then; writes end at ``end`` (at
-    least ``start + 2 eps``); ties stable."""
-    rtime = s.start[rows] + eps
-    wtime = np.maximum(s.end[rows], s.start[rows] + 2 * eps)
+def event_order(start: np.ndarray, end: np.ndarray, eps: float
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per event in replay order, whether it is a read and the position of its transfer in
+    ``start``/``end`` (both replays of the verifier use it): a read at ``start + eps`` comes
+    after every write that ends by then; writes end at ``end`` (at least ``start + 2 eps``,
+    and strictly after their own read even where the start dwarfs eps: at 1e12 s, start plus
+    microseconds is start again); ties stable."""
+    rtime = start + eps
+    wtime = np.maximum(np.maximum(end, start + 2 * eps), np.nextafter(rtime, np.inf))
     r_ord = np.argsort(rtime, kind="stable")
     w_ord = np.argsort(wtime, kind="stable")
-    m = len(rows)
+    m = len(start)
     pos_r = np.arange(m) + np.searchsorted(wtime[w_ord], rtime[r_ord], side="right")
     pos_w = np.arange(m) + np.searchsorted(rtime[r_ord], wtime[w_ord], side="left")
-    who = np.empty(2 * m, dtype=np.int64)
+    at = np.empty(2 * m, dtype=np.int64)
     kind = np.zeros(2 * m, dtype=bool)
-    who[pos_r], who[pos_w] = rows[r_ord], rows[w_ord]
+    at[pos_r], at[pos_w] = r_ord, w_ord
     kind[pos_r] = True
-    return kind, who
+    return kind, at
+
+
+def _events(s: Schedule, rows: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """``event_order`` of transfers ``rows``, naming each event's transfer."""
+    kind, at = event_order(s.start[rows], s.end[rows], eps)
+    return kind, rows[at]

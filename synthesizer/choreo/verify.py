@@ -523,20 +523,9 @@ class _Verifier:
         m = len(rows)
         if m == 0:
             return []
-        rtime = s.start[rows] + EPS
-        wtime = np.maximum(s.end[rows], s.start[rows] + 2 * EPS)
-        r_ord = np.argsort(rtime, kind="stable")
-        w_ord = np.argsort(wtime, kind="stable")
-        rts, wts = rtime[r_ord], wtime[w_ord]
-        pos_r = np.arange(m) + np.searchsorted(wts, rts, side="right")
-        pos_w = np.arange(m) + np.searchsorted(rts, wts, side="left")
+        ev_read, ev_t = rangeflow.event_order(s.start[rows], s.end[rows], EPS)
         n_ev = 2 * m
-        ev_t = np.empty(n_ev, dtype=np.int64)
-        ev_read = np.zeros(n_ev, dtype=bool)
-        ev_key = np.empty(n_ev, dtype=np.int64)
-        ev_t[pos_r], ev_t[pos_w] = r_ord, w_ord
-        ev_read[pos_r] = True
-        ev_key[pos_r], ev_key[pos_w] = rk[r_ord], wk[w_ord]
+        ev_key = np.where(ev_read, rk[ev_t], wk[ev_t])
         # last write to the same key before each read (grouped running max of positions)
         by_key = np.argsort(ev_key, kind="stable")
         kk = ev_key[by_key]
