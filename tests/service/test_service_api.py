@@ -18,6 +18,7 @@ from choreo.service.api import pb
 from choreo.service.client import RequestOptions, TenantRequest, bucket_xml, build_request
 from choreo.service.convert import fabric_to_proto
 from choreo.service.status import details_of
+from choreo.topology import NodeKind, Topology, duplex
 
 
 def _fail(served: Running, request: pb.SynthesizeRequest | bytes) -> grpc.RpcError:
@@ -350,6 +351,23 @@ def test_an_exact_model_too_large_is_invalid_argument_and_the_worker_lives(
     assert "engine milp" in err.details() and "above its limit" in err.details()
     resp = served.client.synthesize(quick_request("after"), timeout=60)
     assert resp.tenants[0].collectives[0].buckets
+
+
+def test_a_schedule_that_fails_verification_ships_no_file(served: Running) -> None:
+    """Links eighteen orders of magnitude apart (1 B/s beside 1e15 B/s, alphas of 100 s)
+    are beyond float64: greedy's schedule for a 1-byte AllReduce fails verification. The
+    bucket carries the verdict and leaves the size to NCCL; no file is handed out."""
+    pairs = [(0, 1, 0.0, 1.0), (0, 2, 100.0, 1e3), (0, 3, 1.0, 1e15), (0, 4, 0.0, 1e15),
+             (3, 4, 1e-3, 1e3), (0, 5, 1e-3, 1.0), (1, 5, 1e-12, 1e3), (2, 5, 1.0, 1.0),
+             (4, 5, 1.0, 1e15)]
+    fabric = Topology("unlike", (NodeKind.NPU,) * 5 + (NodeKind.SWITCH,), tuple(
+        lk for a, b, alpha, bw in pairs for lk in duplex(a, b, alpha, bw)))
+    request = build_request(fabric, [TenantRequest.one("t", [0, 1, 4], "allreduce", 1,
+                                                       chunks=1)],
+                            RequestOptions(ship_slower_than_nccl=True))
+    [bucket] = served.client.synthesize(request, timeout=60).tenants[0].collectives[0].buckets
+    assert not bucket.verification.ok and bucket.verification.errors
+    assert bucket.nccl_runs and not bucket.xml and not bucket.xml_gzip and not bucket.file_name
 
 def test_request_over_the_size_limit_is_refused_by_the_server(served: Running) -> None:
     big = quick_request("big")

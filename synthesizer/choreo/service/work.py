@@ -168,7 +168,10 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
     early = dict(zip(every, first[len(judges):], strict=True)) if ahead else {}
 
     def nccl_runs(s: _Solved) -> bool:
-        """NCCL is predicted faster for this bucket: it gets no file (unless asked to)."""
+        """NCCL is predicted faster for this bucket (it gets no file, unless asked to), or
+        its schedule failed verification (it never gets one: the verdict says why)."""
+        if not judged[s.round][1]["ok"]:
+            return True
         speedup = judged[s.round][0][s.member].get("speedup_vs_nccl")
         return not opts.ship_slower_than_nccl and speedup is not None and speedup < 1
 
@@ -265,10 +268,9 @@ def _share(tasks: list[Task], helper: Connection | None,
             result = err
         finished(k, result)
     for task, r in zip(tasks, results, strict=True):
-        if isinstance(r, BaseException) and not (isinstance(task, _Encode)
-                                                 and isinstance(r, InputError)):
+        if isinstance(r, BaseException) and not isinstance(task, _Encode):
             raise r
-    return results
+    return results  # a file's error is raised where the file is used (``_lowered``)
 
 
 def _cost(task: Task) -> float:
@@ -286,6 +288,8 @@ def _lowered(result: Any, where: str) -> tuple[str | bytes, list[int], int | Non
     channels, a collective the dialect lacks) is the request's fault."""
     if isinstance(result, InputError):
         raise invalid(where, f"cannot be lowered to MSCCL: {result}")
+    if isinstance(result, BaseException):
+        raise result
     return result
 
 
