@@ -6,7 +6,7 @@ resolve such spreads, so a schedule may fail verification: then it is not lowere
 
 from __future__ import annotations
 
-import networkx as nx
+from fabric_strategies import fabrics
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -16,35 +16,15 @@ from choreo.msccl import to_xml
 from choreo.nccl.compare import versus_nccl
 from choreo.portfolio import PortfolioOptions, solve
 from choreo.report import evaluate
-from choreo.topology import Link, NodeKind, Topology
+from choreo.topology import Topology
 
 BANDWIDTHS = (1.0, 1e3, 1e9, 50e9, 1e15, 1e18)
 ALPHAS = (0.0, 1e-12, 1e-6, 1e-3, 1.0, 100.0)
 
 
-@st.composite
-def extreme_fabrics(draw: st.DrawFn) -> Topology:
-    n = draw(st.integers(2, 7))
-    seed = draw(st.integers(0, 2**31 - 1))
-    edges = set(nx.random_labeled_tree(n, seed=seed).edges())
-    edges |= set(draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)),
-                               max_size=6)))
-    links: list[Link] = []
-    for a, b in sorted((min(e), max(e)) for e in edges if e[0] != e[1]):
-        alpha, bw = draw(st.sampled_from(ALPHAS)), draw(st.sampled_from(BANDWIDTHS))
-        links += [Link(a, b, alpha, bw, "nvlink"), Link(b, a, alpha, bw, "nvlink")]
-    kinds = [NodeKind.NPU] * n
-    if draw(st.booleans()):
-        kinds.append(NodeKind.SWITCH)
-        for v in range(n):
-            if draw(st.booleans()):
-                alpha, bw = draw(st.sampled_from(ALPHAS)), draw(st.sampled_from(BANDWIDTHS))
-                links += [Link(v, n, alpha, bw, "ib"), Link(n, v, alpha, bw, "ib")]
-    return Topology("extreme", tuple(kinds), tuple(dict.fromkeys(links)))
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(fabric=extreme_fabrics(), collective=st.sampled_from(list(Collective)),
+@given(fabric=fabrics(ALPHAS, BANDWIDTHS, ALPHAS, BANDWIDTHS),
+       collective=st.sampled_from(list(Collective)),
        size=st.sampled_from([1, 1 << 20, 1 << 40]), chunks=st.integers(1, 4), data=st.data())
 def test_every_step_answers_or_says_why(fabric: Topology, collective: Collective, size: int,
                                         chunks: int, data: st.DataObject) -> None:

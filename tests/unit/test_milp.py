@@ -209,9 +209,9 @@ def test_two_tenants_on_halves_of_a_switch_each_get_their_half():
 
 def test_a_model_too_large_for_memory_is_refused_before_it_is_built():
     """A 23-rank AllToAll in 2 chunks on switch2d-8x4: each window of the MILP needs over
-    300,000 variables (one of 571,000 binaries held 3.2 GB; in the service a worker grew to
-    the machine's 23 GB and was killed). It is refused naming the size and the limit, on
-    every view, before the model's arrays exist."""
+    300,000 variables (windows of 571,000 binaries grew the process to 3.2 GiB; in the
+    service a worker grew to the machine's 23 GiB and was killed). It is refused naming the
+    size and the limit, on every view, before the model's arrays exist."""
     fabric = build("switch2d-8x4")
     d = Demand(Collective.ALLTOALL, tuple(fabric.npus[:23]), 16 << 20, chunks=2)
     tracemalloc.start()

@@ -33,7 +33,6 @@ SM90_SPEED_INTER = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 
                     2.4, 1.2, 0.24, 0.12)
 SEARCH_MAX_CHANNELS = 16  # MAXCHANNELS / 2
 MAX_CHANNELS = 32
-LAST_RESORT_GBS = 0.1  # the graph NCCL uses where its search finds no path (search.cc)
 NVLS_CHANNELS = 16  # NCCL_NVLS_NCHANNELS default on H100
 PCI_BW = 24.0  # GB/s, NCCL's PCIe Gen4 x16 figure, for GPUs without NVLink to each other
 GB = 1e9
@@ -76,8 +75,6 @@ def search(fab: NcclFabric) -> dict[str, Graph]:
     n, speed = best
     if n == 0:  # slower than every speed NCCL tries: one channel at what there is
         n, speed = 1, min(gpu, fab.nic_bandwidth / GB) if multi else gpu
-        if not speed > 0:  # no path found: "falling back to simple order" (search.cc)
-            speed = LAST_RESORT_GBS
     if speed >= 25.0 and not (hopper and speed < 50.0 and n > 4):
         doubled = min(2 * n, SEARCH_MAX_CHANNELS)
         speed /= math.ceil(doubled / n)

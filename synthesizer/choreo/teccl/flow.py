@@ -37,7 +37,7 @@ from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError, InputError
 from choreo.schedule import Op, Schedule
 from choreo.synth import check_demands
-from choreo.teccl.highs import Model, check_size
+from choreo.teccl.highs import MAX_VARIABLES, Model, check_size
 from choreo.teccl.network import mesh_view
 from choreo.topology import Topology
 from choreo.verify import check
@@ -223,8 +223,8 @@ def _build(groups: _Groups, hop: np.ndarray, kappa: np.ndarray, supply: np.ndarr
         allowed &= hop[origin][:, groups.dst] == hop[origin][:, groups.src] + 1
     lo = np.where(allowed, early[:, groups.src], 0).astype(np.int64)
     cnt = np.where(allowed, np.maximum(0, K - kappa[None, :] - lo + 1), 0)
-    check_size(int(cnt.sum()), "lp", f"a flow of {K} epochs for {Q} origins over "
-               f"{len(groups.src)} link groups")
+    check_size(int(cnt.sum()), MAX_VARIABLES, "lp", f"a flow of {K} epochs for {Q} origins "
+               f"over {len(groups.src)} link groups", "variables")
     fq, fg = np.nonzero(cnt)
     reps = cnt[fq, fg]
     f_q, f_g = np.repeat(fq, reps), np.repeat(fg, reps)

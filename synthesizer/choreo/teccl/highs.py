@@ -15,16 +15,15 @@ import numpy as np
 from choreo.errors import InputError
 
 INF = float("inf")
-# A time-expanded model's memory grows with its variables (a 571,000-binary MILP window held
-# 3.2 GB), and HiGHS closes none this large within a request's deadline: refuse it before it
-# is built.
+# A time-expanded model's memory grows with its variables and matrix entries (a MILP with
+# windows of 571,000 binaries grew its process to 3.2 GiB), and HiGHS closes none this large
+# within a request's deadline: refuse it before it is built.
 MAX_VARIABLES = 300_000
+MAX_ENTRIES = 3_000_000
 
 
-def check_size(count: int, engine: str, what: str, unit: str = "variables") -> None:
-    """InputError naming the size and the limit where a model would need more than
-    ``MAX_VARIABLES`` variables (or more than ten times as many matrix entries)."""
-    limit = MAX_VARIABLES if unit == "variables" else 10 * MAX_VARIABLES
+def check_size(count: int, limit: int, engine: str, what: str, unit: str) -> None:
+    """InputError naming the size and the limit where ``count`` ``unit`` pass ``limit``."""
     if count > limit:
         raise InputError(
             f"engine {engine}: {what} needs {count:,} {unit}, above its limit of {limit:,} "

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from choreo.teccl.epochs import Grid
-from choreo.teccl.highs import Model, Solution, check_size
+from choreo.teccl.highs import MAX_ENTRIES, MAX_VARIABLES, Model, Solution, check_size
 from choreo.teccl.network import Net
 
 ROUND_GAMMA = 0.5  # a chunk one step from a needy destination is worth half a delivery
@@ -103,8 +103,8 @@ def solve_window(net: Net, grid: Grid, spread: Spread, window: Window, epochs: i
     ok = np.isfinite(lo) & ~holds[:, net.dst] & (window.pending[:, net.dst] == 0)
     lo_i = np.where(ok, lo, 0).astype(np.int64)
     count = np.where(ok, np.maximum(0, hi - lo_i + 1), 0)
-    check_size(int(count.sum()), "milp", f"a window of {K} epochs over {C} chunks and "
-               f"{E} links")
+    check_size(int(count.sum()), MAX_VARIABLES, "milp", f"a window of {K} epochs over {C} "
+               f"chunks and {E} links", "variables")
     fc, fe = np.nonzero(count)
     reps = count[fc, fe]
     f_c, f_e = np.repeat(fc, reps), np.repeat(fe, reps)
@@ -153,8 +153,8 @@ def solve_window(net: Net, grid: Grid, spread: Spread, window: Window, epochs: i
 
     # link capacity per epoch: occupied shares add up to at most one
     occ = kappa[f_c, f_e]
-    check_size(int(occ.sum()), "milp", f"the link capacity of a window of {K} epochs",
-               "matrix entries")
+    check_size(int(occ.sum()), MAX_ENTRIES, "milp", f"the link capacity of a window of {K} "
+               "epochs", "matrix entries")
     o_idx = np.repeat(np.arange(nf), occ)
     o_k = f_k[o_idx] + _ramp(occ)
     inside = o_k < K
