@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from choreo.bounds import min_transfers_bytes
 from choreo.collectives import Collective, Demand
 from choreo.errors import ChoreoError, InputError
 from choreo.routing import Router, timed_plan
@@ -42,6 +43,12 @@ SUPPORT: dict[str, tuple[Collective, ...]] = {
     "hierarchical": (C.ALLGATHER, C.REDUCESCATTER, C.ALLREDUCE),
 }
 BASELINES = tuple(SUPPORT)
+
+
+# Sends a baseline is timed with at most: each costs about 150 bytes on the way (its columns,
+# its route and its replay), so this keeps a baseline within about 3 GiB. A textbook ring
+# AllGather on 16,384 GPUs would take 268 M sends and grew past 15 GiB.
+MAX_SENDS = 20_000_000
 
 
 class BaselineUnavailable(ChoreoError):
@@ -194,6 +201,11 @@ def _plan(name: str, fabric: Topology, demand: Demand) -> _Plan:
     reason = unavailable_reason(name, fabric, demand)
     if reason:
         raise BaselineUnavailable(f"baseline {name}: {reason}")
+    sends = round(min_transfers_bytes(demand) / demand.chunk_bytes) if demand.size else 0
+    if sends > MAX_SENDS:
+        raise BaselineUnavailable(
+            f"baseline {name}: every chunk landing on every rank that needs it takes "
+            f"{sends:,} sends, above the {MAX_SENDS:,} the baselines are timed for")
     fabric.check_connected(list(demand.ranks), where=f"baseline {name}")
     plan = _Plan(demand)
     if name == "ring":

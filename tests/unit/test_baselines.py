@@ -266,3 +266,22 @@ def test_vectorized_plans_send_in_the_textbook_order(n: int) -> None:
             getattr(baselines, f"_{name}")(plan)
             got = np.stack(plan.columns(), axis=1).tolist()
             assert got == [list(map(int, row)) for row in loop(d)], (name, collective, chunks)
+
+
+def test_a_baseline_too_large_to_time_is_left_out_before_its_sends_exist(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A textbook ring AllGather on 16,384 GPUs is 268 M sends (it grew past 15 GiB): such a
+    baseline is unavailable, and the report goes on with the others and the NCCL model."""
+    from choreo.generators import build
+    from choreo.report import evaluate
+    from choreo.synth import SynthOptions, synthesize
+
+    fabric = build("dgx-h100-2")
+    demand = Demand(Collective.ALLGATHER, tuple(fabric.npus), 16 << 20, 1)
+    monkeypatch.setattr(baselines, "MAX_SENDS", 16 * 15 - 1)  # one chunk to 15 ranks each
+    with pytest.raises(BaselineUnavailable, match="240 sends"):
+        baseline_makespan("ring", fabric, demand)
+    tenant = evaluate(synthesize(fabric, [demand], SynthOptions(relay=False))).tenants[0]
+    assert set(tenant.baselines) == {"nccl"}
+    monkeypatch.setattr(baselines, "MAX_SENDS", 16 * 15)
+    assert baseline_makespan("ring", fabric, demand) > 0
