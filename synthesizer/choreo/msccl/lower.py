@@ -114,15 +114,22 @@ def check_calls(calls: str | None, coll: Collective, rt: Runtime) -> str:
 
 def lower(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", instances: int = 1,
           proto: str = "Simple", min_bytes: int = 0, max_bytes: int | None = None,
-          name: str | None = None, calls: str | None = None) -> Lowering:
+          name: str | None = None, calls: str | None = None,
+          file_gpus: int | None = None) -> Lowering:
     """Build the MSCCL program of ``tenant``; InputError if the runtime could not run it.
 
-    ``calls``: the kind of call the file serves (``layout.CALLS``; see ``check_calls``)."""
+    ``calls``: the kind of call the file serves (``layout.CALLS``; see ``check_calls``).
+    ``file_gpus``: the most ``<gpu>`` elements a file that reaches a rank holds, where the
+    program is delivered split per node (``split.split_per_node``); the runtime's parser
+    stores those, not all of the whole file's (default: the whole file)."""
     rt = check_options(dialect, instances, proto, min_bytes, max_bytes)
     if not 0 <= tenant < len(schedule.demands):
         raise InputError(f"tenant: {tenant} is not in 0..{len(schedule.demands) - 1}")
+    n = schedule.demands[tenant].n
+    if file_gpus is not None and not 1 <= file_gpus <= n:
+        raise InputError(f"file_gpus: must be 1..{n} (the tenant's ranks), got {file_gpus}")
     kind = check_calls(calls, schedule.demands[tenant].collective, rt)
-    prog = _Program(schedule, tenant, rt)
+    prog = _Program(schedule, tenant, rt, file_gpus)
     if instances > 1 and prog.ranged:
         raise InputError(f"tenant {tenant}: transfers of several chunks need instances=1 "
                          f"(got {instances}); instances interleave the chunks")
@@ -144,7 +151,8 @@ def lowerable(schedule: Schedule, *, dialect: str = "executor", instances: int =
 class _Program:
     """Per-tenant analysis that does not depend on the channel plan, then assembly per plan."""
 
-    def __init__(self, schedule: Schedule, tenant: int, rt: Runtime) -> None:
+    def __init__(self, schedule: Schedule, tenant: int, rt: Runtime,
+                 file_gpus: int | None = None) -> None:
         self.rt = rt
         self.dialect = rt.name
         self.tenant = tenant
@@ -155,6 +163,7 @@ class _Program:
             raise InputError(f"tenant {tenant}: the legacy runtime has no {self.coll.value} "
                              "collective; use the executor dialect")
         self.n, self.C, self.root = d.n, d.chunks, d.root
+        self.file_gpus = d.n if file_gpus is None else file_gpus
         mask = schedule.tenant == tenant
         self.gid = np.flatnonzero(mask)
         if not len(self.gid):
@@ -385,7 +394,10 @@ class _Program:
             self.pos, self.base, self.base_channels, self.reads_ptr, self.reads_atom,
             self.writes_ptr, self.writes_atom, self.atom_size, self.atom_in, self.atom_out,
             self.coll.combining, *self.copies, self.first_epochs(rt.max_steps), instances,
-            rt.max_steps, rt.max_channels, rt.max_tbs, rt.max_nodes, rt.max_depid + 1,
+            # the compiled pass counts every <gpu> of the whole file; a rank's file holds
+            # ``file_gpus`` of them
+            rt.max_steps, rt.max_channels, rt.max_tbs, rt.max_nodes + self.n - self.file_gpus,
+            rt.max_depid + 1,
             FIFO_CHUNKS, MAX_CNT, units.in_units, units.out_units)
         error = out.get("error")
         if error in ("not_held", "split", "scattered"):
@@ -442,9 +454,12 @@ class _Program:
             return (f"tenant {t}: rank {at[0]} needs {at[1]} threadblocks; the {rt.name} "
                     f"runtime allows {rt.max_tbs}")
         if kind == "nodes":
-            return (f"tenant {t}: rank {at[0]} needs {at[1]} XML nodes (the <algo>, all "
-                    f"{self.n} <gpu> elements, its threadblocks and steps); the {rt.name} "
-                    f"runtime's parser stores {rt.max_nodes}; use fewer chunks or instances")
+            held = (f"all {self.n}" if self.file_gpus == self.n
+                    else f"the {self.file_gpus} of its file's")
+            return (f"tenant {t}: rank {at[0]} needs {at[1] - self.n + self.file_gpus} XML "
+                    f"nodes (the <algo>, {held} <gpu> elements, its threadblocks and steps); "
+                    f"the {rt.name} runtime's parser stores {rt.max_nodes}; use fewer chunks "
+                    "or instances")
         if kind == "dep_targets":
             return (f"tenant {t}: rank {at[0]} has {at[1]} threadblocks that others wait on; "
                     f"the {rt.name} runtime stores depid in an int8_t (at most "

@@ -118,8 +118,10 @@ class _Checker:
                          f"ngpus={self.n}, as {a.get('coll')} needs (one piece per rank)")
         self.byte_range(a, line)
         self.scratch()
-        if self.algo.ngpus > layout.MAX_CHILDREN:
-            self.bad(line, "limit", f"{self.n} <gpu> children; the parser keeps "
+        # The parser stores the file's <gpu> elements as the <algo>'s children: a per-node
+        # file of a larger communicator holds only its node's.
+        if len(self.algo.gpus) > layout.MAX_CHILDREN:
+            self.bad(line, "limit", f"{len(self.algo.gpus)} <gpu> children; the parser keeps "
                      f"{layout.MAX_CHILDREN}")
 
     def byte_range(self, a: dict[str, str], line: int) -> None:
