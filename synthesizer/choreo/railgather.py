@@ -102,7 +102,7 @@ def _ports(fabric: Topology, v: int) -> tuple[int, int] | None:
     return inside[0], outside[0]
 
 
-def _hops(fabric: Topology, ranks: Sequence[int]) -> tuple[Hop, Hop]:
+def hops(fabric: Topology, ranks: Sequence[int]) -> tuple[Hop, Hop]:
     """Cost of a send between host mates and of one along a rail, at the slowest of the
     ranks' links (measured rates differ link to link; the plan's rounds go at the pace of the
     slowest, as the greedy engine plans near-equal links at the slowest of them)."""
@@ -322,7 +322,7 @@ def _shape(fabric: Topology, t: int, d: Demand) -> RailPlan:
     if hosts is None:
         raise InputError(f"tenants[{t}]: the rail plan needs an AllGather, ReduceScatter or "
                          "AllReduce over several hosts alike, every rank on a rail")
-    host, rail = _hops(fabric, d.ranks)
+    host, rail = hops(fabric, d.ranks)
     mates, nh, shard = len(hosts[0]), len(hosts), d.size / d.n
     if d.collective is Collective.ALLREDUCE:  # its ReduceScatter, then its AllGather
         def phases(c: int) -> list[tuple[bool, tuple[float, Shape]]]:

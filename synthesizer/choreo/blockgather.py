@@ -1,0 +1,277 @@
+"""Block-doubling AllGather and ReduceScatter for rail fabrics of many hosts.
+
+The rail plan (``choreo.railgather``) sends every shard along its rail to every other host:
+about ``ranks x hosts`` transfers, and at thousands of hosts a rank's shards from a rail are
+scattered through the buffer, a transfer and an MSCCL step each (16,384 GPUs: 268 M
+transfers). Here hosts double what they hold instead, as recursive doubling does, with
+every transfer a contiguous range of the buffer:
+
+* level 0: each rank sends its shard to its host mates, so every rank holds its host's
+  block (the host's ranks are consecutive, so the block is contiguous);
+* level k (radix ``r``): hosts form groups of ``g`` consecutive hosts, ``r`` groups to a
+  super-group. Every rank holds its group's range of ``g`` blocks; rank ``(h, u)`` sends
+  piece ``u`` of it (the ``u``-th of ``mates`` equal, contiguous parts) on its rail to
+  ``(h', u)`` in each other group of the super-group, the host at the same place there,
+  and forwards each piece it receives to its mates. Then every rank holds its super-group's
+  range.
+
+Every NIC carries its host's inbound bytes once and evenly (the NIC bound), every byte
+crosses each NVSwitch port once (the port bound), a rank talks to ``mates - 1 + sum(r - 1)``
+peers, and the plan has about ``ranks x mates x levels`` transfers: 1.6 M at 16,384 GPUs.
+Large pieces go in sub-pieces, so the forwards of one overlap the rail send of the next.
+ReduceScatter is the same plan on reversed links, inverted in time. Sends are tagged with
+their start in a per-level estimate, routed on the fabric and timed by the congestion
+simulator, like the other fixed plans.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from choreo.collectives import Collective, Demand
+from choreo.errors import InputError
+from choreo.hierarchy import MAX_HOST_STEPS, Hop, radices
+from choreo.msccl.layout import MAX_CNT
+from choreo.railgather import hops, layout
+from choreo.routing import timed_plan
+from choreo.schedule import Op, Schedule
+from choreo.topology import Topology
+
+ENGINE = "block-gather"
+COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER)
+# Sub-pieces a rank's rail sends of one level are cut into, at most: each costs a rail
+# alpha and saves forwarding time at the level's end.
+MAX_SUB_PIECES = 16
+# Transfers of one demand's plan, at most, as long as every level has one piece: what the
+# simulator and the verifier go through in a few seconds (about 3-5 us each).
+MAX_TRANSFERS = 2_000_000
+
+
+def block_layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
+    """Per host, its rank indices in slot order, where the plan applies: ``layout``'s rail
+    fabric, each host's ranks consecutive in the demand and in slot order (so its block of
+    the buffer is contiguous, and piece ``u`` of it is slot ``u``'s shard), and a host
+    count whose prime factors all make levels (``radices``)."""
+    if demand.collective not in COLLECTIVES:
+        return None
+    hosts = layout(fabric, demand)
+    if hosts is None:
+        return None
+    mates = len(hosts[0])
+    for h, members in enumerate(hosts):
+        if members != list(range(h * mates, (h + 1) * mates)):
+            return None
+    if math.prod(radices(len(hosts))) != len(hosts):
+        return None
+    return hosts
+
+
+@dataclass(frozen=True)
+class Level:
+    """One doubling level: its radix, the hosts per group before it, and how many
+    sub-pieces each piece goes in."""
+
+    radix: int
+    group: int
+    subs: int
+
+
+def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: Hop,
+           ranks: int) -> list[Level]:
+    """The levels, smallest radix first, each with its sub-pieces: one more where it saves
+    the most estimated time (a rail alpha per partner more, against the forwarding left
+    after the level's last arrival: ``mates - 1`` sends of a sub-piece on the NVSwitch
+    port) while the plan stays within ``MAX_TRANSFERS`` and a node's file within
+    ``MAX_HOST_STEPS``."""
+    shape: list[tuple[int, int]] = []  # (radix, hosts per group before the level)
+    group = 1
+    for r in sorted(radices(hosts)):
+        shape.append((r, group))
+        group *= r
+    subs = [1] * len(shape)
+
+    def cost(k: int, s: int) -> float:
+        r, g = shape[k]
+        return s * (r - 1) * rail.alpha + (mates - 1) * g * shard / s * host.beta
+
+    def transfers() -> int:  # each sub-piece: a rail send and the forwards to the mates
+        return ranks * (mates - 1 + sum((r - 1) * s * mates
+                                        for (r, _), s in zip(shape, subs, strict=True)))
+
+    def host_steps() -> int:
+        """MSCCL steps of one host's ranks: a send and its receive per ``MAX_CNT`` chunks
+        of each range (as ``busiest_host_steps`` counts them), and two more a level
+        where a rail send goes around the sender's own shard."""
+        sends = mates - 1
+        for (r, g), s in zip(shape, subs, strict=True):
+            sends += (r - 1) * sum(math.ceil(size / MAX_CNT)
+                                   for _, size in _cuts(0, g * chunks, s)) * mates + 2
+        return 2 * mates * sends
+
+    while True:
+        gains = [(cost(k, s) - cost(k, s + 1), k) for k, s in enumerate(subs)
+                 if s < min(MAX_SUB_PIECES, shape[k][1] * chunks)]
+        gain, k = max(gains, default=(0.0, -1))
+        if gain <= 0:
+            break
+        subs[k] += 1
+        if transfers() > MAX_TRANSFERS or host_steps() > MAX_HOST_STEPS:
+            subs[k] -= 1
+            break
+    return [Level(r, g, s) for (r, g), s in zip(shape, subs, strict=True)]
+
+
+def _cuts(lo: int, size: int, parts: int) -> list[tuple[int, int]]:
+    """``size`` chunks from ``lo`` in ``parts`` near-equal contiguous ranges."""
+    edges = [lo + size * i // parts for i in range(parts + 1)]
+    return [(a, b - a) for a, b in itertools.pairwise(edges) if b > a]
+
+
+@dataclass(frozen=True)
+class Send:
+    """One send of every rank at once, in the per-host estimate: at level 0 the own shard to
+    the mate ``turn`` slots on; at a level, a sub-piece (``lo``, ``size`` chunks into the
+    piece) on the rail to the group ``turn`` on (``rail``), or the one that arrived from
+    the group ``origin`` back, forwarded to the mate ``turn`` slots on."""
+
+    at: float
+    seconds: float
+    level: int  # -1: level 0
+    turn: int
+    rail: bool = False
+    origin: int = 0
+    lo: int = 0
+    size: int = 0
+
+
+def timeline(levels_: Sequence[Level], mates: int, chunks: int, shard: float, host: Hop,
+             rail: Hop) -> tuple[list[Send], float]:
+    """The sends in estimated start order and the estimated end: each port serves its
+    sends one after another, a level's rail sends start once the level before has ended
+    (the first level's pieces are the ranks' own shards: it starts at once), and each
+    arrival is forwarded to the mates as soon as the NVSwitch port is free."""
+    cb = shard / chunks
+    sends = [Send((turn - 1) * host.time(shard), host.time(shard), -1, turn)
+             for turn in range(1, mates)]
+    start, nvl_free = 0.0, (mates - 1) * host.time(shard)
+    for k, lv in enumerate(levels_):
+        rail_free = start
+        arrivals = []
+        for turn in range(1, lv.radix):
+            for lo, size in _cuts(0, lv.group * chunks, lv.subs):
+                secs = rail.time(size * cb)
+                sends.append(Send(rail_free, secs, k, turn, True, 0, lo, size))
+                arrivals.append((rail_free + secs, turn, lo, size))
+                rail_free += secs
+        for at, turn, lo, size in arrivals:
+            secs = host.time(size * cb)
+            t = max(nvl_free, at)
+            for step in range(1, mates):
+                sends.append(Send(t, secs, k, step, False, turn, lo, size))
+                t += secs
+            nvl_free = t
+        start = max(nvl_free, rail_free)
+    return sends, start
+
+
+def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.ndarray:
+    """AllGather sends in rank space: rows of (estimated start, estimated seconds, src
+    rank, dst rank, first chunk, chunk count). Every host runs the same timeline."""
+    mates, nh, c = len(hosts[0]), len(hosts), demand.chunks
+    shard = demand.size / demand.n
+    ranks = np.asarray(hosts, dtype=np.int64)  # [host, slot] -> rank index
+    h_idx = np.arange(nh)
+    rows: list[np.ndarray] = []
+
+    def add(at: float, secs: float, src: np.ndarray, dst: np.ndarray, lo: np.ndarray,
+            count: int | np.ndarray) -> None:
+        n = len(src)
+        rows.append(np.column_stack([np.full(n, at), np.full(n, secs), src, dst, lo,
+                                     np.broadcast_to(count, n)]).astype(np.float64))
+
+    def add_around_own(at: float, secs: float, src: np.ndarray, dst: np.ndarray,
+                       lo: np.ndarray, count: int) -> None:
+        """A range that may hold the sender's own shard, in up to three sends: a rank
+        reads its own shard from its input buffer and the rest from its output."""
+        hi = lo + count
+        own_lo, own_hi = np.clip(src * c, lo, hi), np.clip(src * c + c, lo, hi)
+        for a, b in ((lo, own_lo), (own_lo, own_hi), (own_hi, hi)):
+            keep = b > a
+            if keep.any():
+                add(at, secs, src[keep], dst[keep], a[keep], (b - a)[keep])
+
+    lvs = levels(nh, mates, c, shard, host, rail, demand.n)
+    sends, _ = timeline(lvs, mates, c, shard, host, rail)
+    for x in sends:
+        if x.level < 0:
+            for u in range(mates):
+                add(x.at, x.seconds, ranks[:, u], ranks[:, (u + x.turn) % mates],
+                    ranks[:, u] * c, c)
+            continue
+        lv = lvs[x.level]
+        g, r, piece = lv.group, lv.radix, lv.group * c
+        digit = (h_idx // g) % r
+        if x.rail:  # piece u of the own group's range to the group ``turn`` on
+            peer = h_idx + (((digit + x.turn) % r) - digit) * g
+            for u in range(mates):
+                first = (h_idx // g) * g * mates * c + u * piece + x.lo
+                add_around_own(x.at, x.seconds, ranks[:, u], ranks[peer, u], first, x.size)
+        else:  # what came from the group ``origin`` back, to the mate ``turn`` slots on
+            origin = h_idx + (((digit - x.origin) % r) - digit) * g
+            for u in range(mates):
+                first = (origin // g) * g * mates * c + u * piece + x.lo
+                add(x.at, x.seconds, ranks[:, u], ranks[:, (u + x.turn) % mates], first,
+                    x.size)
+    return np.concatenate(rows)
+
+
+def estimate(fabric: Topology, demand: Demand) -> float | None:
+    """The plan's estimated time for ``demand`` alone (None where it does not apply)."""
+    hosts = block_layout(fabric, demand)
+    if hosts is None:
+        return None
+    host, rail = hops(fabric, demand.ranks)
+    mates, c = len(hosts[0]), max(1, demand.chunks)
+    shard = demand.size / demand.n
+    lvs = levels(len(hosts), mates, c, shard, host, rail, demand.n)
+    return timeline(lvs, mates, c, shard, host, rail)[1]
+
+
+def block_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule:
+    """Every demand's block-doubling plan, routed on ``fabric`` and simulated jointly
+    (sends go through switches, never through another GPU, as in the rail plan)."""
+    planned: list[Demand] = []
+    cols: list[np.ndarray] = []
+    for t, d in enumerate(demands):
+        hosts = block_layout(fabric, d)
+        if hosts is None:
+            raise InputError(f"tenants[{t}]: the block plan needs an AllGather or "
+                             "ReduceScatter over hosts alike on rails, each host's ranks "
+                             "consecutive")
+        host, rail = hops(fabric, d.ranks)
+        d = replace(d, chunks=max(1, d.chunks))
+        planned.append(d)
+        rows = plan(d, hosts, host, rail)
+        reduced = d.collective is Collective.REDUCESCATTER
+        if reduced:  # the AllGather reversed and inverted in time
+            end = float((rows[:, 0] + rows[:, 1]).max())
+            rows = np.column_stack([end - rows[:, 0] - rows[:, 1], rows[:, 1], rows[:, 3],
+                                    rows[:, 2], rows[:, 4], rows[:, 5]])
+        ranks = np.asarray(d.ranks, dtype=np.int64)
+        ints = rows[:, 2:].astype(np.int64)
+        cols.append(np.column_stack([np.full(len(rows), t), rows[:, 0], ranks[ints[:, 0]],
+                                     ranks[ints[:, 1]], ints[:, 2], ints[:, 3],
+                                     np.full(len(rows), int(Op.REDUCE if reduced
+                                                            else Op.COPY))]))
+    table = np.concatenate(cols)
+    step = np.unique(table[:, 1], return_inverse=True)[1].astype(np.int64)
+    tenant, src, dst, chunk, count, op = table[:, [0, 2, 3, 4, 5, 6]].T.astype(np.int64)
+    nbytes = max(d.size / d.n for d in planned)
+    return timed_plan(fabric, fabric, tuple(planned), nbytes, tenant, step, src, dst, chunk,
+                      op, count, engine=ENGINE, meta={"engine": ENGINE},
+                      transit=False)

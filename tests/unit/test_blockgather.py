@@ -1,0 +1,123 @@
+"""The block-doubling AllGather and ReduceScatter: verified, runnable as MSCCL, near the
+bound where the rail plan cannot go."""
+
+from __future__ import annotations
+
+import pytest
+
+import choreo.blockgather as blockgather
+import choreo.synth as synth
+from choreo.blockgather import Level, block_gather, block_layout, estimate, levels
+from choreo.bounds import lower_bound
+from choreo.collectives import Collective, Demand
+from choreo.errors import InputError
+from choreo.generators import build
+from choreo.hierarchy import MAX_HOST_STEPS, busiest_host_steps
+from choreo.msccl import interpret
+from choreo.msccl.api import to_xml
+from choreo.msccl.lower import lower
+from choreo.msccl.split import split_per_node
+from choreo.msccl.validate import validate
+from choreo.railgather import hops
+from choreo.simulate import simulate
+from choreo.synth import SynthOptions, synthesize
+from choreo.topology import Topology
+from choreo.transforms import fail_npus
+from choreo.verify import verify
+
+GIB = 1 << 30
+COLLECTIVES = blockgather.COLLECTIVES
+
+
+def _all(fabric_name: str, collective: Collective, size: int = GIB) -> tuple[Topology, Demand]:
+    fabric = build(fabric_name)
+    return fabric, Demand(collective, tuple(fabric.npus), size, 1)
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize("fabric_name", ["dgx-h100-2", "dgx-h100-6", "dgx-h100-12"])
+def test_plan_is_verified_and_lowers(fabric_name: str, collective: Collective) -> None:
+    """Radix 2, 3 and mixed levels; every rail send that holds the sender's own shard is
+    cut around it, or the lowering would refuse the range (input and output buffers)."""
+    fabric, demand = _all(fabric_name, collective)
+    s = block_gather(fabric, [demand])
+    assert verify(s).ok, verify(s).summary()
+    assert lower(s, 0).text.count("<gpu id=") == demand.n
+    assert s.engine == blockgather.ENGINE
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_its_program_runs_in_the_msccl_interpreter(collective: Collective) -> None:
+    fabric, demand = _all("dgx-h100-4", collective, 16 << 20)
+    result = interpret.run(to_xml(block_gather(fabric, [demand]), 0))
+    assert result.ok, str(result)
+
+
+def test_many_hosts_near_the_bound_and_within_a_configmap() -> None:
+    """64 hosts in six doubling levels: within 9% of the cut bound, a node's file within
+    the step budget, and about ranks x mates x levels transfers (not ranks x hosts)."""
+    fabric, demand = _all("dgx-h100-64", Collective.ALLGATHER)
+    s = block_gather(fabric, [demand])
+    share = lower_bound(fabric, demand, whole_chunks=False).value_s / simulate(s).makespan
+    assert 0.91 <= share <= 1.0 + 1e-9
+    assert busiest_host_steps(s) <= MAX_HOST_STEPS
+    assert len(s) <= blockgather.MAX_TRANSFERS
+    est = estimate(fabric, demand)
+    assert est is not None and est >= simulate(s).makespan * 0.99  # the levels overlap
+
+
+def test_sub_pieces_stay_within_the_transfer_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    fabric, demand = _all("dgx-h100-16", Collective.ALLGATHER)
+    host, rail = hops(fabric, demand.ranks)
+    free = levels(16, 8, 1, demand.size / demand.n, host, rail, demand.n)
+    assert [lv.radix for lv in free] == [2, 2, 2, 2]
+    assert free[-1].subs > 1  # the top level's forwards would otherwise end it late
+    monkeypatch.setattr(blockgather, "MAX_TRANSFERS", 128 * (7 + 4 * 8))
+    tight = levels(16, 8, 1, demand.size / demand.n, host, rail, demand.n)
+    assert tight == [Level(2, g, 1) for g in (1, 2, 4, 8)]
+
+
+def test_where_it_does_not_apply() -> None:
+    fabric, demand = _all("dgx-h100-4", Collective.ALLREDUCE)
+    assert block_layout(fabric, demand) is None
+    fabric, demand = _all("dgx-h100-23", Collective.ALLGATHER)  # a prime above the radices
+    assert block_layout(fabric, demand) is None
+    fabric = build("dgx-h100-4")
+    shuffled = Demand(Collective.ALLGATHER, (1, 0, *fabric.npus[2:]), GIB, 1)
+    assert block_layout(fabric, shuffled) is None  # slot order is the buffer's order
+    failed = fail_npus(fabric, [3])
+    assert block_layout(failed, Demand(Collective.ALLGATHER, tuple(failed.npus), GIB)) is None
+    with pytest.raises(InputError, match="block plan"):
+        block_gather(fabric, [Demand(Collective.ALLREDUCE, tuple(fabric.npus), GIB)])
+
+
+def test_synthesize_takes_it_where_the_rail_plan_does_not_fit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``large_tenant`` ranks: the rail plan's transfers refused for memory, the block
+    plan instead (the CLI refused a 16,384-GPU AllGather this way)."""
+    fabric, demand = _all("dgx-h100-8", Collective.ALLGATHER)
+    opts = SynthOptions(relay=False, large_tenant=32)
+    assert synthesize(fabric, [demand], opts).engine == "rail-gather"  # faster at 8 hosts
+
+    def no_room(demands: object, available: int | None = None) -> None:
+        raise InputError("no room")
+
+    monkeypatch.setattr(synth, "check_fits", no_room)
+    s = synthesize(fabric, [demand], opts)
+    assert s.engine == blockgather.ENGINE and verify(s).ok
+
+
+def test_a_communicator_over_1024_ranks_lowers_into_node_files_the_runtime_loads() -> None:
+    """130 hosts: the whole file lists 1040 <gpu> elements, more than the executor's parser
+    keeps under one <algo>; each node's file lists its 8, within every limit."""
+    fabric, demand = _all("dgx-h100-130", Collective.ALLGATHER, 64 << 20)
+    s = block_gather(fabric, [demand])
+    whole = lower(s, 0, file_gpus=8).text
+    assert any("<gpu> children" in v.message for v in validate(whole))
+    hosts = [fabric.names[v].split("/")[0] for v in demand.ranks]
+    files = split_per_node(whole, hosts, check_xml=False)
+    assert len(files) == 130
+    for name in ("node0", "node77", "node129"):
+        assert validate(files[name]) == [], name
+    with pytest.raises(InputError, match="file_gpus"):
+        lower(s, 0, file_gpus=0)
