@@ -15,6 +15,7 @@ from choreo.generators import build
 from choreo.hierarchy import MAX_HOST_STEPS, busiest_host_steps
 from choreo.msccl import interpret
 from choreo.msccl.api import to_xml
+from choreo.msccl.buckets import node_file_gpus, plan_files
 from choreo.msccl.lower import lower
 from choreo.msccl.split import split_per_node
 from choreo.msccl.validate import validate
@@ -112,7 +113,8 @@ def test_a_communicator_over_1024_ranks_lowers_into_node_files_the_runtime_loads
     keeps under one <algo>; each node's file lists its 8, within every limit."""
     fabric, demand = _all("dgx-h100-130", Collective.ALLGATHER, 64 << 20)
     s = block_gather(fabric, [demand])
-    whole = lower(s, 0, file_gpus=8).text
+    assert node_file_gpus(s, 0) == 8
+    whole = plan_files([(0, None, s)])[0].lowering().text  # as the service lowers it
     assert any("<gpu> children" in v.message for v in validate(whole))
     hosts = [fabric.names[v].split("/")[0] for v in demand.ranks]
     files = split_per_node(whole, hosts, check_xml=False)
@@ -121,3 +123,6 @@ def test_a_communicator_over_1024_ranks_lowers_into_node_files_the_runtime_loads
         assert validate(files[name]) == [], name
     with pytest.raises(InputError, match="file_gpus"):
         lower(s, 0, file_gpus=0)
+    fabric, demand = _all("dgx-h100-128", Collective.ALLGATHER, 64 << 20)
+    small = block_gather(fabric, [demand])
+    assert node_file_gpus(small, 0) is None  # 1,024 ranks: the whole file runs too
