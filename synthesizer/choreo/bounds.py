@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from choreo.arrays import unique_sorted
 from choreo.collectives import Collective, Demand
 from choreo.topology import Topology
 
@@ -408,7 +409,7 @@ def _alpha_dists(fabric: Topology, sources: list[int], reverse: bool) -> np.ndar
         better = val < dist[key]
         key, val = key[better], val[better]
         np.minimum.at(dist, key, val)
-        front = np.unique(key)
+        front = unique_sorted(key)
     adj = _alpha_adjacency(fabric, reverse)
     return np.array([_alpha_dist(adj, s) for s in sources])
 

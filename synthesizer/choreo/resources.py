@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from choreo.arrays import unique_sorted
 from choreo.topology import Topology
 
 # Bandwidths within this relative distance count as equal: a unit-share link is a circuit.
@@ -72,7 +73,7 @@ def link_model(topology: Topology, fabric: Topology, links: np.ndarray) -> LinkM
     usable = np.array([fabric.usable(p) for p in range(nf)], dtype=bool)
     dead = exists & ~usable[np.where(exists, raw, 0)]
     bad = [""] * len(links)
-    for k in np.unique(row[~exists | dead]).tolist():  # the first problem of each bad link
+    for k in unique_sorted(row[~exists | dead]).tolist():  # the first problem of each bad link
         path = paths[k]
         missing = [p for p in path if not 0 <= p < nf]
         if missing:

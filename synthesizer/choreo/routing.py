@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 
+from choreo.arrays import unique_sorted
 from choreo.collectives import Demand
 from choreo.errors import InputError
 from choreo.schedule import Schedule
@@ -128,24 +130,59 @@ def route(
     """A routing topology (the fabric's links at their own indices, then one circuit per
     multi-hop pair) and the link each (src NPU, dst NPU) pair uses; ``transit`` as in
     ``Router``."""
+    keys = np.array(sorted(set(pairs)), dtype=np.int64).reshape(-1, 2)
+    topo, link = circuits(fabric, keys[:, 0], keys[:, 1], nbytes, transit)
+    return topo, {(x, y): k for (x, y), k in zip(keys.tolist(), link.tolist(), strict=True)}
+
+
+def circuits(fabric: Topology, a: np.ndarray, b: np.ndarray, nbytes: float,
+             transit: bool = True) -> tuple[Topology, np.ndarray]:
+    """``route`` for distinct pairs ``(a[i], b[i])`` sorted by source then target, as
+    columns: the routing topology and each pair's link. A circuit's alpha is its hops'
+    alphas summed in path order, its bandwidth and kind its slowest hop's (the first, on a
+    tie)."""
     router = Router(fabric, nbytes, transit)
-    targets: dict[int, list[int]] = {}
-    for a, b in sorted(set(pairs)):
-        targets.setdefault(a, []).append(b)
-    paths = router.paths_from(targets)
+    if not len(a):
+        return replace(fabric, name=f"{fabric.name}/routed"), np.zeros(0, dtype=np.int64)
+    sources, first = np.unique(a, return_index=True)
+    ptr = np.append(first, len(a)).astype(np.int64)
+    sink = np.asarray(router.sink, dtype=np.int64)
+    import choreo_engine
+
+    try:
+        path_ptr, path_links = choreo_engine.shortest_paths(
+            *router._csr(), sources.astype(np.int64), ptr, sink[b])
+    except ValueError:
+        targets: dict[int, list[int]] = {}
+        for x, y in zip(a.tolist(), b.tolist(), strict=True):
+            targets.setdefault(x, []).append(y)
+        router._explain_unreachable(targets)
+        raise
+    starts = path_ptr[:-1]
+    hops = np.diff(path_ptr)
+    chosen = path_links[starts].astype(np.int64)  # single hops: the link itself
+    multi = np.flatnonzero(hops > 1)
     links = list(fabric.links)
-    chosen: dict[tuple[int, int], int] = {}
-    for (a, b), path in sorted(paths.items()):
-        if len(path) == 1:
-            chosen[(a, b)] = path[0]
-            continue
-        hops = [fabric.links[i] for i in path]
-        slowest = min(range(len(hops)), key=lambda j: (hops[j].bandwidth, j))
-        links.append(
-            Link(a, b, sum(h.alpha for h in hops), hops[slowest].bandwidth,
-                 hops[slowest].kind, True, path)
-        )
-        chosen[(a, b)] = len(links) - 1
+    if len(multi):
+        alpha = np.array([lk.alpha for lk in links], dtype=np.float64)
+        bandwidth = np.array([lk.bandwidth for lk in links], dtype=np.float64)
+        on_path = path_links.astype(np.int64)
+        # short paths: add.reduceat sums each one left to right, as the hops come
+        alphas = np.add.reduceat(alpha[on_path], starts)
+        slowest_bw = np.minimum.reduceat(bandwidth[on_path], starts)
+        segment = np.repeat(np.arange(len(a)), hops)
+        at_min = np.flatnonzero(bandwidth[on_path] == slowest_bw[segment])
+        _, first_min = np.unique(segment[at_min], return_index=True)
+        slowest = on_path[at_min[first_min]]
+        bounds = path_ptr.tolist()
+        hop_list = on_path.tolist()
+        base = len(links)
+        links.extend(
+            Link(x, y, al, bw, links[k].kind, True, tuple(hop_list[bounds[i]:bounds[i + 1]]))
+            for i, x, y, al, bw, k in zip(
+                multi.tolist(), a[multi].tolist(), b[multi].tolist(), alphas[multi].tolist(),
+                slowest_bw[multi].tolist(), slowest[multi].tolist(), strict=True))
+        chosen[multi] = base + np.arange(len(multi))
     topo = Topology(
         name=f"{fabric.name}/routed",
         kinds=fabric.kinds,
@@ -165,12 +202,18 @@ def pair_links(
     if not len(src):
         return np.zeros(0, dtype=np.int64)
     keys = np.array(sorted(chosen), dtype=np.int64).reshape(-1, 2)
-    span = int(max(keys.max(), src.max(), dst.max())) + 1
-    flat = keys[:, 0] * span + keys[:, 1]
     vals = np.array([chosen[(int(a), int(b))] for a, b in keys], dtype=np.int64)
-    order = np.argsort(flat)
-    idx = np.searchsorted(flat[order], src.astype(np.int64) * span + dst)
-    return vals[order][idx]
+    return _lookup(keys[:, 0], keys[:, 1], vals, src, dst)
+
+
+def _lookup(a: np.ndarray, b: np.ndarray, vals: np.ndarray, src: np.ndarray,
+            dst: np.ndarray) -> np.ndarray:
+    """``vals`` of pairs ``(a, b)`` (sorted by a then b) for each (src, dst)."""
+    if not len(src):
+        return np.zeros(0, dtype=np.int64)
+    span = int(max(a.max(), b.max(), src.max(), dst.max())) + 1
+    idx = np.searchsorted(a * span + b, src.astype(np.int64) * span + dst)
+    return vals[idx]
 
 
 def timed_plan(fabric: Topology, view: Topology, demands: tuple[Demand, ...], nbytes: float,
@@ -181,10 +224,13 @@ def timed_plan(fabric: Topology, view: Topology, demands: tuple[Demand, ...], nb
     fabric or a tenant's restriction of it; ``transit`` as in ``Router``) and timed by the
     congestion simulator: step ``k`` is planned at ``[k, k + 0.5)`` and the schedule carries
     what the simulator says runs."""
-    topo, chosen = route(view, set(zip(src.tolist(), dst.tolist(), strict=True)), nbytes,
-                         transit)
+    span = int(max(src.max(), dst.max())) + 1 if len(src) else 1
+    keys = unique_sorted(src.astype(np.int64) * span + dst)
+    a, b = keys // span, keys % span
+    topo, link = circuits(view, a, b, nbytes, transit)
     planned = Schedule(
-        fabric, topo, demands, tenant, chunk, src, dst, pair_links(chosen, src, dst),
+        fabric, topo, demands, tenant, chunk, src, dst,
+        _lookup(a, b, link, src, dst),
         step.astype(float), step + 0.5, op, engine=engine,
         meta={**meta, "steps": int(step.max()) + 1 if len(step) else 0},
         count=np.ones(len(step)) if count is None else count)

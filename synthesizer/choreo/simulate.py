@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from choreo.arrays import unique_sorted
 from choreo.collectives import Demand
 from choreo.resources import LinkModel, footprint, link_model, share_of_port
 from choreo.schedule import Op, Schedule
@@ -67,7 +68,7 @@ def simulate(schedule: Schedule) -> SimResult:
         z = np.zeros(nt)
         return SimResult(np.zeros(0), np.zeros(0), z, 0.0, z.copy(), z.copy(),
                          np.zeros(len(s.topology.links)), np.zeros(len(s.fabric.links)))
-    used = np.unique(s.link)
+    used = unique_sorted(s.link)
     model = link_model(s.topology, s.fabric, used)
     krow = np.searchsorted(used, s.link)
     dur = durations(s)
@@ -206,7 +207,7 @@ def column_atoms(
         return Atoms((every, inv[:m]), (every, inv[m:]), cuts % span,
                      np.ones(len(cuts), dtype=np.int64), cuts // span)
     hi = lo + count
-    cuts = np.unique(np.concatenate([src * span + lo, src * span + hi,
+    cuts = unique_sorted(np.concatenate([src * span + lo, src * span + hi,
                                      dst * span + lo, dst * span + hi]))
 
     def rows(node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -273,7 +274,7 @@ def _replay(
         rt, kr = np.concatenate([rt, wt[adds]]), np.concatenate([kr, kw[adds]])
         grouped = True
     thr = start + EPS
-    times = np.unique(np.concatenate([end, thr]))
+    times = unique_sorted(np.concatenate([end, thr]))
     big = len(times) + 1
     cw = kw * big + np.searchsorted(times, end)[wt]
     arr = np.argsort(cw, kind="stable")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from choreo import rangeflow
+from choreo.arrays import unique_sorted
 from choreo.collectives import Collective, Demand
 from choreo.errors import ChoreoError
 from choreo.resources import LinkModel, link_model
@@ -217,7 +218,7 @@ class _Verifier:
         rows = np.flatnonzero(valid)
         if not len(rows):
             return
-        used = np.unique(s.link[rows])
+        used = unique_sorted(s.link[rows])
         model = link_model(topo, fabric, used)
         k = np.searchsorted(used, s.link[rows])
         lks = [topo.links[i] for i in used.tolist()]
@@ -346,7 +347,7 @@ class _Verifier:
         order = np.lexsort((end, start, res))
         res, exc, start, end, tid = res[order], exc[order], start[order], end[order], tid[order]
         gid = np.cumsum(np.r_[True, res[1:] != res[:-1]]).astype(np.int64)
-        times = np.unique(end)
+        times = unique_sorted(end)
         erank = np.searchsorted(times, end).astype(np.int64) + 1
         thr = np.searchsorted(times, start + EPS, side="right").astype(np.int64)
         mask = (1 << 32) - 1
@@ -412,7 +413,7 @@ class _Verifier:
             rk, wk = rkey_raw, wkey_raw
             dk = dkey_raw
         else:
-            keys = np.unique(allkeys)
+            keys = unique_sorted(allkeys)
             rk = np.searchsorted(keys, rkey_raw)
             wk = np.searchsorted(keys, wkey_raw)
             dk = [np.searchsorted(keys, x) for x in dkey_raw]
@@ -574,7 +575,7 @@ class _Verifier:
     ) -> None:
         """Apply writes in event order; repeated keys go in successive rounds."""
         keys = wk[wt]
-        if len(np.unique(keys)) == len(keys):
+        if len(unique_sorted(keys)) == len(keys):
             rounds = [np.arange(len(wt))]
         else:
             order = np.argsort(keys, kind="stable")

@@ -33,6 +33,7 @@ from functools import cached_property
 
 import numpy as np
 
+from choreo.arrays import unique_sorted
 from choreo.collectives import Collective
 from choreo.errors import InputError
 from choreo.msccl import layout
@@ -287,7 +288,7 @@ class _Program:
         for index_of, first in ((input_index, self.atom_in), (output_index, self.atom_out)):
             at = index_of(*args, lo[owner] + step, node[owner], self.root)
             apart = (first[owner] >= 0) & (at != first[owner] + step)
-            first[np.unique(owner[apart])] = SPLIT
+            first[unique_sorted(owner[apart])] = SPLIT
 
     def _finals(self) -> None:
         """Every destination ends with its chunk; a rank's own data is copied i -> o. A chunk
