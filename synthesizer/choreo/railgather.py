@@ -356,30 +356,45 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand],
     planned: list[Demand] = []
     shapes: list[dict[str, object]] = []
     cols: list[np.ndarray] = []
-    for t, (d, p) in enumerate(zip(demands, shaped, strict=True)):
+    for d, p in zip(demands, shaped, strict=True):
         d = replace(d, chunks=p.phases[0][1].chunks)
         planned.append(d)
         shapes.append({"phases": [asdict(shape) for _, shape in p.phases]})
         parts, offset = [], 0.0
         for reduced, shape in p.phases:
-            rows = plan(d, p.hosts, shape, p.host, p.rail, reduced)
-            end = float((rows[:, 0] + rows[:, 1]).max())
-            if reduced:  # the AllGather reversed and inverted in time
-                rows = np.column_stack([end - rows[:, 0] - rows[:, 1], rows[:, 1], rows[:, 3],
-                                        rows[:, 2], rows[:, 4], rows[:, 5]])
+            raw = plan(d, p.hosts, shape, p.host, p.rail, reduced)
+            rows = phase(raw, reduced)
             rows[:, 0] += offset
-            parts.append(np.column_stack([rows, np.full(len(rows), int(
-                Op.REDUCE if reduced else Op.COPY))]))
-            offset += end
-        rows = np.concatenate(parts)
+            parts.append(rows)
+            offset += float((raw[:, 0] + raw[:, 1]).max())
+        cols.append(np.concatenate(parts))
+    return lay_out(fabric, planned, cols, ENGINE, {"engine": ENGINE, "shapes": shapes})
+
+
+def phase(rows: np.ndarray, reduced: bool) -> np.ndarray:
+    """An AllGather plan's rows (``plan``'s columns) with their op appended; ``reduced``:
+    reversed and inverted in time, its ReduceScatter."""
+    if reduced:
+        end = float((rows[:, 0] + rows[:, 1]).max())
+        rows = np.column_stack([end - rows[:, 0] - rows[:, 1], rows[:, 1], rows[:, 3],
+                                rows[:, 2], rows[:, 4], rows[:, 5]])
+    return np.column_stack([rows, np.full(len(rows), int(Op.REDUCE if reduced else Op.COPY))])
+
+
+def lay_out(fabric: Topology, planned: Sequence[Demand], rows: Sequence[np.ndarray],
+            engine: str, meta: dict[str, object]) -> Schedule:
+    """Every demand's rows (``phase``'s, in its rank indices) routed on ``fabric`` and
+    simulated jointly: tenants that share links delay each other as the simulator says.
+    Sends go through switches, never through another GPU (``Router``'s ``transit``)."""
+    cols = []
+    for t, (d, r) in enumerate(zip(planned, rows, strict=True)):
         ranks = np.asarray(d.ranks, dtype=np.int64)
-        ints = rows[:, 2:].astype(np.int64)
-        cols.append(np.column_stack([np.full(len(rows), t), rows[:, 0], ranks[ints[:, 0]],
+        ints = r[:, 2:].astype(np.int64)
+        cols.append(np.column_stack([np.full(len(r), t), r[:, 0], ranks[ints[:, 0]],
                                      ranks[ints[:, 1]], ints[:, 2], ints[:, 3], ints[:, 4]]))
     table = np.concatenate(cols)
     step = np.unique(table[:, 1], return_inverse=True)[1].astype(np.int64)
     tenant, src, dst, chunk, count, op = table[:, [0, 2, 3, 4, 5, 6]].T.astype(np.int64)
     nbytes = max(d.size / d.n for d in planned)
     return timed_plan(fabric, fabric, tuple(planned), nbytes, tenant, step, src, dst, chunk,
-                      op, count, engine=ENGINE, meta={"engine": ENGINE, "shapes": shapes},
-                      transit=False)
+                      op, count, engine=engine, meta=meta, transit=False)

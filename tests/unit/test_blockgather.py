@@ -47,6 +47,19 @@ def test_plan_is_verified_and_lowers(fabric_name: str, collective: Collective) -
     assert s.engine == blockgather.ENGINE
 
 
+@pytest.mark.parametrize("chunks", [2, 3])
+@pytest.mark.parametrize("fabric_name", ["dgx-h100-2", "dgx-h100-8"])
+def test_a_reduce_scatter_cut_finer_than_shards_lowers(fabric_name: str, chunks: int) -> None:
+    """Inverted, a sub-piece that cuts a shard made a rank reduce into a range whose partial
+    sums lay partly in its input and partly in its scratch; nested sub-pieces keep every
+    range a rank reduces into all written before or none of it."""
+    fabric = build(fabric_name)
+    demand = Demand(Collective.REDUCESCATTER, tuple(fabric.npus), 256 << 20, chunks)
+    s = block_gather(fabric, [demand])
+    assert verify(s).ok
+    assert lower(s, 0).text.count("<gpu id=") == demand.n
+
+
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_its_program_runs_in_the_msccl_interpreter(collective: Collective) -> None:
     fabric, demand = _all("dgx-h100-4", collective, 16 << 20)
