@@ -248,6 +248,17 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
     return np.concatenate(rows)
 
 
+def block_transfers(fabric: Topology, demand: Demand) -> int:
+    """Transfers the plan has at least (one piece a level): each rank's shard to its mates,
+    and a level's rail send and its forwards per partner group (0 where it does not
+    apply)."""
+    hosts = block_layout(fabric, demand)
+    if hosts is None:
+        return 0
+    mates = len(hosts[0])
+    return demand.n * (mates - 1 + mates * sum(r - 1 for r in radices(len(hosts))))
+
+
 def estimate(fabric: Topology, demand: Demand) -> float | None:
     """The plan's estimated time for ``demand`` alone (None where it does not apply)."""
     hosts = block_layout(fabric, demand)

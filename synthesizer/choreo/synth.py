@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import psutil
 
-from choreo.blockgather import block_gather, block_layout
+from choreo.blockgather import block_gather, block_layout, block_transfers
 from choreo.blockgather import estimate as block_estimate
 from choreo.collectives import Collective, Demand, volume
 from choreo.errors import InfeasibleError, InputError
@@ -229,7 +229,14 @@ def _rail_or_block(fabric: Topology, demands: tuple[Demand, ...]) -> Schedule:
     and kept where the simulator says it does."""
     try:
         check_fits(demands)
-    except InputError:
+    except InputError as err:
+        need = sum(block_transfers(fabric, d) for d in demands)
+        free = _available_memory()
+        if need * BYTES_PER_TRANSFER > free:
+            raise InputError(
+                f"{err}; the block plan, which needs fewer, needs {need:,} transfers, about "
+                f"{need * BYTES_PER_TRANSFER / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB "
+                "is free here") from None
         return block_gather(fabric, demands)
     shaped = plans(fabric, demands)
     rail_s = max(p.estimate for p in shaped)

@@ -139,3 +139,12 @@ def test_a_communicator_over_1024_ranks_lowers_into_node_files_the_runtime_loads
     fabric, demand = _all("dgx-h100-128", Collective.ALLGATHER, 64 << 20)
     small = block_gather(fabric, [demand])
     assert node_file_gpus(small, 0) is None  # 1,024 ranks: the whole file runs too
+
+
+def test_a_block_plan_past_free_memory_is_refused_before_it_is_built(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fabric, demand = _all("dgx-h100-8", Collective.ALLGATHER)
+    assert blockgather.block_transfers(fabric, demand) == 64 * (7 + 8 * 3)
+    monkeypatch.setattr(synth, "_available_memory", lambda: 256 << 10)  # 1,984 x 150 B over
+    with pytest.raises(InputError, match=r"block plan, which needs fewer, needs 1,984 "):
+        synthesize(fabric, [demand], SynthOptions(relay=False, large_tenant=32))
