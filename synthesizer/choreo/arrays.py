@@ -15,4 +15,7 @@ def unique_sorted(values: np.ndarray) -> np.ndarray:
     keep = np.empty(len(flat), dtype=bool)
     keep[0] = True
     np.not_equal(flat[1:], flat[:-1], out=keep[1:])
+    if flat.dtype.kind in "fc":  # NaNs sort last and count once, as np.unique's do
+        nan = np.isnan(flat)
+        keep[1:] &= ~(nan[1:] & nan[:-1])
     return flat[keep]
