@@ -104,3 +104,27 @@ def test_tenants_on_parts_of_a_switch_reach_their_bound(groups):
     assert verify(sched).ok
     for d, seconds in zip(ds, simulate(sched).tenant_time, strict=True):
         assert seconds <= lower_bound(fabric, d, [x for x in ds if x is not d]).value_s / 0.9
+
+
+def test_millions_of_epochs_are_refused_before_the_model_is_built() -> None:
+    """A 1 s link beside a 1e18 B/s one made the flow 3.25 M epochs: its holdings and
+    conservation rows (origins x nodes x epochs) grew past 20 GiB in one test run, though
+    its flow variables were few. Every array the model sizes is counted first."""
+    import tracemalloc
+
+    from choreo.teccl.flow import LpOptions, synthesize_lp
+    from choreo.topology import Link, NodeKind, Topology
+
+    links = [(0, 1, 0.0, 1e3), (0, 2, 1.0, 1.0), (1, 2, 1e-3, 1e18), (0, 3, 100.0, 50e9),
+             (1, 3, 1.0, 1.0), (2, 3, 1e-3, 1e3)]
+    fabric = Topology("spread", (NodeKind.NPU,) * 4, tuple(
+        Link(x, y, alpha, bw, "nvlink") for a, b, alpha, bw in links for x, y in ((a, b), (b, a))))
+    demand = Demand(Collective.SCATTER, (0, 1, 2), 1 << 40, 4, root=0)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match=r"3252132 epochs .* above its limit"):
+            synthesize_lp(fabric, [demand], LpOptions(relay=False))  # as the portfolio
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 << 20

@@ -37,7 +37,7 @@ from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError, InputError
 from choreo.schedule import Op, Schedule
 from choreo.synth import check_demands
-from choreo.teccl.highs import MAX_VARIABLES, Model, check_size
+from choreo.teccl.highs import MAX_ENTRIES, MAX_VARIABLES, Model, check_size
 from choreo.teccl.network import mesh_view
 from choreo.topology import Topology
 from choreo.verify import check
@@ -223,8 +223,14 @@ def _build(groups: _Groups, hop: np.ndarray, kappa: np.ndarray, supply: np.ndarr
         allowed &= hop[origin][:, groups.dst] == hop[origin][:, groups.src] + 1
     lo = np.where(allowed, early[:, groups.src], 0).astype(np.int64)
     cnt = np.where(allowed, np.maximum(0, K - kappa[None, :] - lo + 1), 0)
-    check_size(int(cnt.sum()), MAX_VARIABLES, "lp", f"a flow of {K} epochs for {Q} origins "
-               f"over {len(groups.src)} link groups", "variables")
+    # every array below is sized by these: flows, holdings H[q, n, k], conservation rows
+    # per (q, n, k) and the epochs each flow occupies its link
+    first = np.where(np.isfinite(early), early, K).astype(np.int64)
+    where = f"a flow of {K} epochs for {Q} origins over {len(groups.src)} link groups"
+    check_size(int(cnt.sum()) + int(np.maximum(K - first, 0).sum()), MAX_VARIABLES, "lp",
+               where, "variables")
+    check_size(Q * N * (K + 1) + int((cnt * kappa[None, :]).sum()), MAX_ENTRIES, "lp", where,
+               "rows and capacity entries")
     fq, fg = np.nonzero(cnt)
     reps = cnt[fq, fg]
     f_q, f_g = np.repeat(fq, reps), np.repeat(fg, reps)
@@ -234,7 +240,6 @@ def _build(groups: _Groups, hop: np.ndarray, kappa: np.ndarray, supply: np.ndarr
     tau = int(m.add_vars(1, 0.0, cost=1.0)[0])
     fvar = m.add_vars(len(f_q), 0.0, cost=1e-6 * t_f)
     # H[q, n, k] for k from the first epoch q can be at n to K-1
-    first = np.where(np.isfinite(early), early, K).astype(np.int64)
     hq, hn = np.nonzero(first < K)
     hreps = K - first[hq, hn]
     h_q, h_n = np.repeat(hq, hreps), np.repeat(hn, hreps)
