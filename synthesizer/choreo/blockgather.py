@@ -200,7 +200,6 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
     """AllGather sends in rank space: rows of (estimated start, estimated seconds, src
     rank, dst rank, first chunk, chunk count). Every host runs the same timeline."""
     mates, nh, c = len(hosts[0]), len(hosts), demand.chunks
-    shard = demand.size / demand.n
     ranks = np.asarray(hosts, dtype=np.int64)  # [host, slot] -> rank index
     h_idx = np.arange(nh)
     rows: list[np.ndarray] = []
@@ -222,9 +221,7 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
             if keep.any():
                 add(at, secs, src[keep], dst[keep], a[keep], (b - a)[keep])
 
-    lvs = levels(nh, mates, c, shard, host, rail, demand.n,
-                 demand.collective is Collective.REDUCESCATTER)
-    sends, _ = timeline(lvs, mates, c, shard, host, rail)
+    lvs, sends, _ = _timeline_of(demand, hosts, host, rail)
     for x in sends:
         if x.level < 0:
             for u in range(mates):
@@ -264,12 +261,19 @@ def estimate(fabric: Topology, demand: Demand) -> float | None:
     hosts = block_layout(fabric, demand)
     if hosts is None:
         return None
-    host, rail = hops(fabric, demand.ranks)
+    return _timeline_of(demand, hosts, *hops(fabric, demand.ranks))[2]
+
+
+def _timeline_of(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop
+                 ) -> tuple[list[Level], list[Send], float]:
+    """The demand's levels (nested sub-pieces for a ReduceScatter), sends and estimated
+    end."""
     mates, c = len(hosts[0]), max(1, demand.chunks)
     shard = demand.size / demand.n
     lvs = levels(len(hosts), mates, c, shard, host, rail, demand.n,
                  demand.collective is Collective.REDUCESCATTER)
-    return timeline(lvs, mates, c, shard, host, rail)[1]
+    sends, end = timeline(lvs, mates, c, shard, host, rail)
+    return lvs, sends, end
 
 
 def block_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule:

@@ -77,24 +77,31 @@ class Router:
     def paths_from(self, targets: dict[int, list[int]]) -> dict[tuple[int, int], tuple[int, ...]]:
         """Fabric link ids of every (source, target) pair: the same search as ``search``, in
         the compiled engine (one search per source; thousands at 16K GPUs)."""
-        import choreo_engine
-
         sources = list(targets)
         lists = [list(dict.fromkeys(targets[a])) for a in sources]
         ptr = np.zeros(len(sources) + 1, dtype=np.int64)
         ptr[1:] = np.cumsum([len(bs) for bs in lists])
-        flat = np.fromiter((self.sink[b] for bs in lists for b in bs), dtype=np.int64,
-                           count=int(ptr[-1]))
-        try:
-            path_ptr, path_links = choreo_engine.shortest_paths(
-                *self._csr(), np.asarray(sources, dtype=np.int64), ptr, flat)
-        except ValueError:
-            self._explain_unreachable(targets)
-            raise
+        flat = np.fromiter((b for bs in lists for b in bs), dtype=np.int64, count=int(ptr[-1]))
+        path_ptr, path_links = self.path_columns(np.asarray(sources, dtype=np.int64), ptr, flat)
         hops = path_links.tolist()
         bounds = path_ptr.tolist()
         pairs = ((a, b) for a, bs in zip(sources, lists, strict=True) for b in bs)
         return {pair: tuple(hops[bounds[k]:bounds[k + 1]]) for k, pair in enumerate(pairs)}
+
+    def path_columns(self, sources: np.ndarray, ptr: np.ndarray, targets: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """The paths from ``sources[i]`` to each of ``targets[ptr[i]:ptr[i + 1]]`` (NPUs), in
+        that order, as CSR of fabric link ids; InputError naming the first pair without
+        one."""
+        import choreo_engine
+
+        sink = np.asarray(self.sink, dtype=np.int64)
+        try:
+            return choreo_engine.shortest_paths(*self._csr(), sources, ptr, sink[targets])
+        except ValueError:
+            self._explain_unreachable({int(a): targets[ptr[i]:ptr[i + 1]].tolist()
+                                       for i, a in enumerate(sources.tolist())})
+            raise
 
     def _csr(self) -> tuple[np.ndarray, ...]:
         if self._arrays is None:
@@ -141,23 +148,12 @@ def circuits(fabric: Topology, a: np.ndarray, b: np.ndarray, nbytes: float,
     columns: the routing topology and each pair's link. A circuit's alpha is its hops'
     alphas summed in path order, its bandwidth and kind its slowest hop's (the first, on a
     tie)."""
-    router = Router(fabric, nbytes, transit)
     if not len(a):
         return replace(fabric, name=f"{fabric.name}/routed"), np.zeros(0, dtype=np.int64)
     sources, first = np.unique(a, return_index=True)
     ptr = np.append(first, len(a)).astype(np.int64)
-    sink = np.asarray(router.sink, dtype=np.int64)
-    import choreo_engine
-
-    try:
-        path_ptr, path_links = choreo_engine.shortest_paths(
-            *router._csr(), sources.astype(np.int64), ptr, sink[b])
-    except ValueError:
-        targets: dict[int, list[int]] = {}
-        for x, y in zip(a.tolist(), b.tolist(), strict=True):
-            targets.setdefault(x, []).append(y)
-        router._explain_unreachable(targets)
-        raise
+    path_ptr, path_links = Router(fabric, nbytes, transit).path_columns(
+        sources.astype(np.int64), ptr, b.astype(np.int64))
     starts = path_ptr[:-1]
     hops = np.diff(path_ptr)
     chosen = path_links[starts].astype(np.int64)  # single hops: the link itself
@@ -193,17 +189,6 @@ def circuits(fabric: Topology, a: np.ndarray, b: np.ndarray, nbytes: float,
         reducing=fabric.reducing,
     )
     return topo, chosen
-
-
-def pair_links(
-    chosen: dict[tuple[int, int], int], src: np.ndarray, dst: np.ndarray
-) -> np.ndarray:
-    """Vectorized lookup of the routed link for arrays of (src, dst) NPUs."""
-    if not len(src):
-        return np.zeros(0, dtype=np.int64)
-    keys = np.array(sorted(chosen), dtype=np.int64).reshape(-1, 2)
-    vals = np.array([chosen[(int(a), int(b))] for a, b in keys], dtype=np.int64)
-    return _lookup(keys[:, 0], keys[:, 1], vals, src, dst)
 
 
 def _lookup(a: np.ndarray, b: np.ndarray, vals: np.ndarray, src: np.ndarray,

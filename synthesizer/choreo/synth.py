@@ -240,7 +240,8 @@ def _rail_or_block(fabric: Topology, demands: tuple[Demand, ...]) -> Schedule:
         return block_gather(fabric, demands)
     shaped = plans(fabric, demands)
     rail_s = max(p.estimate for p in shaped)
-    if max(block_estimate(fabric, d) or float("inf") for d in demands) > rail_s * BLOCK_MARGIN:
+    estimates = [block_estimate(fabric, d) for d in demands]  # every demand's applies
+    if max(float("inf") if e is None else e for e in estimates) > rail_s * BLOCK_MARGIN:
         return rail_gather(fabric, demands, shaped)
     block = block_gather(fabric, demands)  # its times are the simulator's already
     if block.makespan <= rail_s:
