@@ -12,8 +12,9 @@ every transfer a contiguous range of the buffer:
   super-group. Every rank holds its group's range of ``g`` blocks; rank ``(h, u)`` sends
   piece ``u`` of it (the ``u``-th of ``mates`` equal, contiguous parts) on its rail to
   ``(h', u)`` in each other group of the super-group, the host at the same place there,
-  and forwards each piece it receives to its mates. Then every rank holds its super-group's
-  range.
+  and forwards each piece it receives to its mates, first to the one that sends it on at
+  the next level (``forward_orders``), whose rail send then waits for one forward, not for
+  all of them. Then every rank holds its super-group's range.
 
 Every NIC carries its host's inbound bytes once and evenly (the NIC bound), every byte
 crosses each NVSwitch port once (the port bound), a rank talks to ``mates - 1 + sum(r - 1)``
@@ -26,6 +27,7 @@ simulator, like the other fixed plans.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -240,9 +242,77 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
             origin = h_idx + (((digit - x.origin) % r) - digit) * g
             for u in range(mates):
                 first = (origin // g) * g * mates * c + u * piece + x.lo
-                add(x.at, x.seconds, ranks[:, u], ranks[:, (u + x.turn) % mates], first,
-                    x.size)
+                mate = _forward_to(u, x.turn, (digit - x.origin) % r, lv.radix, mates,
+                                   x.level + 1 < len(lvs))
+                add(x.at, x.seconds, ranks[:, u], ranks[h_idx, mate], first, x.size)
     return np.concatenate(rows)
+
+
+def _forward_to(u: int, turn: int, group: np.ndarray, radix: int, mates: int,
+                more: bool) -> np.ndarray:
+    """The mate slot that slot ``u`` forwards a piece from the super-group's group
+    ``group`` (per host) to at ``turn`` (1 to ``mates - 1``)."""
+    if not more:
+        return (u + np.full(len(group), turn, dtype=np.int64)) % mates
+    return forward_orders(mates, radix)[group, turn - 1, u]
+
+
+@functools.cache
+def forward_orders(mates: int, radix: int) -> np.ndarray:
+    """Per group of the super-group and turn, the mate each slot forwards a piece from that
+    group to: every turn a derangement of the slots (each port sends one piece and
+    receives one), together every mate once, and the mate that sends the piece on at the
+    next level as early as the turns allow, so its rail send waits for about one forward
+    and not for ``mates - 1``."""
+    out = np.zeros((radix, mates - 1, mates), dtype=np.int64)
+    for j in range(radix):
+        needed = [(j * mates + u) // radix for u in range(mates)]
+        free = [[v != u for v in range(mates)] for u in range(mates)]
+        for t in range(mates - 1):
+            cost = [[(0 if v == needed[u] else 1) if free[u][v] else mates * mates
+                     for v in range(mates)] for u in range(mates)]
+            to = _assignment(cost)
+            for u, v in enumerate(to):
+                free[u][v] = False
+            out[j, t] = to
+    return out
+
+
+def _assignment(cost: list[list[int]]) -> list[int]:
+    """A least-cost perfect assignment of rows to columns (the Hungarian method, with
+    potentials): ``result[row]`` is its column."""
+    n = len(cost)
+    inf = float("inf")
+    u, v = [0.0] * (n + 1), [0.0] * (n + 1)
+    match, way = [0] * (n + 1), [0] * (n + 1)  # match[col]: its row (1-based)
+    for row in range(1, n + 1):
+        match[0], col0 = row, 0
+        least, used = [inf] * (n + 1), [False] * (n + 1)
+        while match[col0]:
+            used[col0] = True
+            r0, delta, col1 = match[col0], inf, 0
+            for col in range(1, n + 1):
+                if not used[col]:
+                    cur = cost[r0 - 1][col - 1] - u[r0] - v[col]
+                    if cur < least[col]:
+                        least[col], way[col] = cur, col0
+                    if least[col] < delta:
+                        delta, col1 = least[col], col
+            for col in range(n + 1):
+                if used[col]:
+                    u[match[col]] += delta
+                    v[col] -= delta
+                else:
+                    least[col] -= delta
+            col0 = col1
+        while col0:
+            col1 = way[col0]
+            match[col0] = match[col1]
+            col0 = col1
+    result = [0] * n
+    for col in range(1, n + 1):
+        result[match[col] - 1] = col - 1
+    return result
 
 
 def block_transfers(fabric: Topology, demand: Demand) -> int:

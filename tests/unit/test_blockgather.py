@@ -3,11 +3,19 @@ bound where the rail plan cannot go."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import choreo.blockgather as blockgather
 import choreo.synth as synth
-from choreo.blockgather import Level, block_gather, block_layout, estimate, levels
+from choreo.blockgather import (
+    Level,
+    block_gather,
+    block_layout,
+    estimate,
+    forward_orders,
+    levels,
+)
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
@@ -89,6 +97,41 @@ def test_sub_pieces_stay_within_the_transfer_budget(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(blockgather, "MAX_TRANSFERS", 128 * (7 + 4 * 8))
     tight = levels(16, 8, 1, demand.size / demand.n, host, rail, demand.n)
     assert tight == [Level(2, g, 1) for g in (1, 2, 4, 8)]
+
+
+@pytest.mark.parametrize(("mates", "radix"), [(8, 2), (8, 4), (8, 8), (4, 2), (16, 2)])
+def test_forwards_reach_the_next_levels_sender_first(mates: int, radix: int) -> None:
+    """Every turn each slot sends one piece and receives one, every slot reaches every
+    mate once, and the mate that sends a piece on at the next level gets it in the first
+    turns (as many as it needs pieces)."""
+    orders = forward_orders(mates, radix)
+    assert orders.shape == (radix, mates - 1, mates)
+    for group in range(radix):
+        needed = [(group * mates + u) * mates // (radix * mates) for u in range(mates)]
+        for turn in range(mates - 1):
+            assert sorted(orders[group, turn]) == list(range(mates))
+            assert all(orders[group, turn, u] != u for u in range(mates))
+        for u in range(mates):
+            assert sorted(orders[group, :, u]) == [v for v in range(mates) if v != u]
+            if needed[u] != u:
+                wants = sum(1 for w in range(mates) if needed[w] == needed[u] and w != needed[u])
+                assert list(orders[group, :, u]).index(needed[u]) < wants
+
+
+def test_needed_first_forwards_start_the_next_level_sooner(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one piece a level (no sub-pieces to overlap), a rank's next rail send waits for
+    the forward of its piece: sent first, not ``turn`` slots on, the AllGather ends sooner
+    (measured 1.19x on dgx-h100-16)."""
+    monkeypatch.setattr(blockgather, "MAX_TRANSFERS", 1)
+    fabric, demand = _all("dgx-h100-16", Collective.ALLGATHER)
+    first = simulate(block_gather(fabric, [demand])).makespan
+    cyclic = forward_orders(8, 2).copy()
+    cyclic[:] = (np.arange(8)[None, None, :] + np.arange(1, 8)[None, :, None]) % 8
+    monkeypatch.setattr(blockgather, "forward_orders", lambda mates, radix: cyclic)
+    s = block_gather(fabric, [demand])
+    assert verify(s).ok
+    assert simulate(s).makespan > 1.1 * first
 
 
 def test_where_it_does_not_apply() -> None:
