@@ -204,13 +204,13 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
     mates, nh, c = len(hosts[0]), len(hosts), demand.chunks
     ranks = np.asarray(hosts, dtype=np.int64)  # [host, slot] -> rank index
     h_idx = np.arange(nh)
-    rows: list[np.ndarray] = []
+    times: list[tuple[float, float, int]] = []
+    cols: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def add(at: float, secs: float, src: np.ndarray, dst: np.ndarray, lo: np.ndarray,
             count: int | np.ndarray) -> None:
-        n = len(src)
-        rows.append(np.column_stack([np.full(n, at), np.full(n, secs), src, dst, lo,
-                                     np.broadcast_to(count, n)]).astype(np.float64))
+        times.append((at, secs, len(src)))
+        cols.append((src, dst, lo, np.broadcast_to(count, len(src))))
 
     def add_around_own(at: float, secs: float, src: np.ndarray, dst: np.ndarray,
                        lo: np.ndarray, count: int) -> None:
@@ -245,7 +245,13 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
                 mate = _forward_to(u, x.turn, (digit - x.origin) % r, lv.radix, mates,
                                    x.level + 1 < len(lvs))
                 add(x.at, x.seconds, ranks[:, u], ranks[h_idx, mate], first, x.size)
-    return np.concatenate(rows)
+    counts = [n for _, _, n in times]
+    out = np.empty((sum(counts), 6))
+    out[:, 0] = np.repeat([at for at, _, _ in times], counts)
+    out[:, 1] = np.repeat([secs for _, secs, _ in times], counts)
+    for k in range(4):
+        out[:, 2 + k] = np.concatenate([c[k] for c in cols])
+    return out
 
 
 def _forward_to(u: int, turn: int, group: np.ndarray, radix: int, mates: int,

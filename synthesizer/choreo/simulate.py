@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from choreo.arrays import unique_sorted
+from choreo.arrays import unique_inverse, unique_sorted
 from choreo.collectives import Demand
 from choreo.resources import LinkModel, footprint, link_model, share_of_port
 from choreo.schedule import Op, Schedule
@@ -207,19 +207,18 @@ def column_atoms(
         return Atoms((every, inv[:m]), (every, inv[m:]), cuts % span,
                      np.ones(len(cuts), dtype=np.int64), cuts // span)
     hi = lo + count
-    cuts = unique_sorted(np.concatenate([src * span + lo, src * span + hi,
-                                     dst * span + lo, dst * span + hi]))
+    cuts, at = unique_inverse(np.concatenate([src * span + lo, src * span + hi,
+                                              dst * span + lo, dst * span + hi]))
 
-    def rows(node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        first = np.searchsorted(cuts, node * span + lo)
-        n_atoms = np.searchsorted(cuts, node * span + hi) - first
+    def rows(first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n_atoms = last - first
         t = np.repeat(every, n_atoms)
         start = np.repeat(np.cumsum(n_atoms) - n_atoms, n_atoms)
         return t, np.repeat(first, n_atoms) + np.arange(len(t)) - start
 
     # the last cut of a node ends its atoms; no row refers to it, so its size is moot
-    return Atoms(rows(src), rows(dst), cuts % span, np.diff(cuts, append=cuts[-1:]),
-                 cuts // span)
+    return Atoms(rows(at[:m], at[m:2 * m]), rows(at[2 * m:3 * m], at[3 * m:]), cuts % span,
+                 np.diff(cuts, append=cuts[-1:]), cuts // span)
 
 
 def replay_exclusive(

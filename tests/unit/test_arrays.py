@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from choreo.arrays import unique_sorted
+from choreo.arrays import unique_inverse, unique_sorted
 
 
 @given(hnp.arrays(np.int64, st.integers(0, 200), elements=st.integers(-50, 50)))
@@ -25,3 +26,18 @@ def test_unique_sorted_of_floats_is_numpys_unique(values: np.ndarray) -> None:
 
 def test_a_two_dimensional_array_is_flattened_as_numpy_does() -> None:
     assert unique_sorted(np.array([[3, 1], [1, 2]])).tolist() == [1, 2, 3]
+
+
+@given(hnp.arrays(st.sampled_from([np.int64, np.int32, np.uint16]), st.integers(0, 200),
+                  elements=st.integers(0, 60)))
+def test_unique_inverse_is_numpys_unique_with_inverse(values: np.ndarray) -> None:
+    distinct, inverse = unique_inverse(values)
+    want, want_inverse = np.unique(values, return_inverse=True)
+    assert np.array_equal(distinct, want)
+    assert np.array_equal(inverse, want_inverse)
+    assert np.array_equal(distinct[inverse], values)
+
+
+def test_unique_inverse_refuses_floats() -> None:
+    with pytest.raises(TypeError, match="integer values only"):
+        unique_inverse(np.array([0.5, 1.5]))
