@@ -28,6 +28,7 @@ from choreo.msccl.packed import gzip_parts, gzip_xml, inflate_xml, split_members
 from choreo.msccl.parse import parse
 from choreo.msccl.xmlmodel import Gpu
 from choreo.schedule import Schedule
+from choreo.verify import verify
 
 
 def header(xml: str) -> dict[str, str]:
@@ -317,4 +318,33 @@ def test_overlapping_transfers_of_one_pair_take_separate_connections() -> None:
     sender = next(g for g in parse(xml).algo.gpus if g.id == 0)
     sends = sorted((t.chan, len(t.steps)) for t in sender.tbs if t.send == 1)
     assert sends == [(0, 2), (1, 1)]
+    assert run(xml).ok
+
+
+def test_every_piece_of_a_cut_send_names_a_scratch_slot_its_parser_accepts() -> None:
+    """A send of more than ``MAX_CNT`` chunks is cut into steps. Its destination offset
+    names the receiver's slot, which the sender's parser checks against the sender's own
+    scratch: rank 1 (80 chunks of scratch) sends 80 chunks to rank 2's scratch from offset
+    20, so its second step's offset (91) is past the end, and must be written -1, as a
+    first step's is (found in the 16,384-GPU ReduceScatter's node files)."""
+    fabric = build("fc-5")
+    c = 40
+    demand = Demand(Collective.SCATTER, (0, 1, 2, 3, 4), 5 * c * 1000, c, root=0)
+    rows = [  # (first chunk, chunks, src, dst, start): ranks 1 and 2 relay
+        (3 * c, 2 * c, 0, 1, 0.0), (c, 20, 0, 2, 0.0), (c, 20, 2, 1, 1.0),
+        (c + 20, c - 20, 0, 1, 1.0), (3 * c, 2 * c, 1, 2, 1.0), (2 * c, c, 0, 2, 1.0),
+        (3 * c, c, 2, 3, 2.0), (4 * c, c, 2, 4, 2.0)]
+    first, count, src, dst, start = (np.array(col) for col in zip(*rows, strict=True))
+    links = [next(k for k in fabric.out_links(a) if fabric.links[k].dst == b)
+             for a, b in zip(src.tolist(), dst.tolist(), strict=True)]
+    sched = Schedule(fabric, fabric, (demand,), tenant=np.zeros(len(rows)), chunk=first,
+                     src=src, dst=dst, link=np.array(links), start=start.astype(float),
+                     end=start + 0.9, op=np.zeros(len(rows)), count=count)
+    assert verify(sched).ok
+    xml = to_xml(sched, calls="out-of-place")
+    sender = next(g for g in parse(xml).algo.gpus if g.id == 1)
+    sends = [(st.dstbuf, st.dstoff, st.cnt) for t in sender.tbs if t.send == 2
+             for st in t.steps if st.type == "s"]
+    assert sends == [("s", 20, 71), ("s", -1, 9)]
+    assert validate(xml) == []
     assert run(xml).ok

@@ -644,20 +644,21 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String,
                 Some(&(tt, kk)) => (tt as i64, s_of[tt][kk]),
                 None => (-1, -1),
             };
-            let mut dst = op.dst;
-            if op.kind == "s" && dst.0 == b's' && dst.1 >= h.scratch[g] {
-                // The runtime ignores where a send's data lands; name the receiver's slot
-                // only where this rank's parser accepts the offset.
-                dst = (b's', -1);
-            }
             let n = pieces(op.cnt, inp.max_cnt);
             for j in 0..n {
                 let done = j * inp.max_cnt;
                 let last = j == n - 1;
+                let mut dst = (op.dst.0, moved(op.dst.1, done));
+                if op.kind == "s" && dst.0 == b's' && dst.1 >= h.scratch[g] {
+                    // The runtime ignores where a send's data lands; name the receiver's
+                    // slot only where this rank's parser accepts the offset (each piece of
+                    // a cut send: a later piece may pass the end where the first did not).
+                    dst = (b's', -1);
+                }
                 steps.push(Step {
                     kind: op.kind,
                     src: (op.src.0, moved(op.src.1, done)),
-                    dst: (dst.0, moved(dst.1, done)),
+                    dst,
                     cnt: inp.max_cnt.min(op.cnt - done),
                     depid: if j == 0 { dep } else { -1 },
                     deps: if j == 0 { deps } else { -1 },
