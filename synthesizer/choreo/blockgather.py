@@ -10,11 +10,12 @@ every transfer a contiguous range of the buffer:
   block (the host's ranks are consecutive, so the block is contiguous);
 * level k (radix ``r``): hosts form groups of ``g`` consecutive hosts, ``r`` groups to a
   super-group. Every rank holds its group's range of ``g`` blocks; rank ``(h, u)`` sends
-  piece ``u`` of it (the ``u``-th of ``mates`` equal, contiguous parts) on its rail to
-  ``(h', u)`` in each other group of the super-group, the host at the same place there,
-  and forwards each piece it receives to its mates, first to the one that sends it on at
-  the next level (``forward_orders``), whose rail send then waits for one forward, not for
-  all of them. Then every rank holds its super-group's range.
+  a piece of it (one of ``mates`` equal, contiguous parts: piece ``u`` at the first
+  level, then ``piece_orders``) on its rail to ``(h', u)`` in each other group of the
+  super-group, the host at the same place there, and forwards each piece it receives to
+  its mates, first to the one that sends it on at the next level (``forward_orders``),
+  whose rail send then waits for one forward, not for all of them. Then every rank holds
+  its super-group's range.
 
 Every NIC carries its host's inbound bytes once and evenly (the NIC bound), every byte
 crosses each NVSwitch port once (the port bound), a rank talks to ``mates - 1 + sum(r - 1)``
@@ -224,6 +225,7 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
                 add(at, secs, src[keep], dst[keep], a[keep], (b - a)[keep])
 
     lvs, sends, _ = _timeline_of(demand, hosts, host, rail)
+    order = piece_orders(tuple(lv.radix for lv in lvs), mates)
     for x in sends:
         if x.level < 0:
             for u in range(mates):
@@ -233,17 +235,20 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
         lv = lvs[x.level]
         g, r, piece = lv.group, lv.radix, lv.group * c
         digit = (h_idx // g) % r
-        if x.rail:  # piece u of the own group's range to the group ``turn`` on
+        sigma = order[x.level]
+        if x.rail:  # piece sigma[u] of the own group's range to the group ``turn`` on
             peer = h_idx + (((digit + x.turn) % r) - digit) * g
             for u in range(mates):
-                first = (h_idx // g) * g * mates * c + u * piece + x.lo
+                first = (h_idx // g) * g * mates * c + sigma[u] * piece + x.lo
                 add_around_own(x.at, x.seconds, ranks[:, u], ranks[peer, u], first, x.size)
-        else:  # what came from the group ``origin`` back, to the mate ``turn`` slots on
+        else:  # what came from the group ``origin`` back, to a mate (``forward_orders``)
             origin = h_idx + (((digit - x.origin) % r) - digit) * g
+            last = x.level + 1 == len(lvs)  # nobody sends it on: ``turn`` slots on
+            table = None if last else forward_orders(mates, r, sigma, order[x.level + 1])
             for u in range(mates):
-                first = (origin // g) * g * mates * c + u * piece + x.lo
-                mate = _forward_to(u, x.turn, (digit - x.origin) % r, lv.radix, mates,
-                                   x.level + 1 < len(lvs))
+                first = (origin // g) * g * mates * c + sigma[u] * piece + x.lo
+                mate = (np.full(nh, (u + x.turn) % mates) if table is None
+                        else table[(digit - x.origin) % r, x.turn - 1, u])
                 add(x.at, x.seconds, ranks[:, u], ranks[h_idx, mate], first, x.size)
     counts = [n for _, _, n in times]
     out = np.empty((sum(counts), 6))
@@ -254,25 +259,36 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
     return out
 
 
-def _forward_to(u: int, turn: int, group: np.ndarray, radix: int, mates: int,
-                more: bool) -> np.ndarray:
-    """The mate slot that slot ``u`` forwards a piece from the super-group's group
-    ``group`` (per host) to at ``turn`` (1 to ``mates - 1``)."""
-    if not more:
-        return (u + np.full(len(group), turn, dtype=np.int64)) % mates
-    return forward_orders(mates, radix)[group, turn - 1, u]
+@functools.cache
+def piece_orders(radices_: tuple[int, ...], mates: int) -> tuple[tuple[int, ...], ...]:
+    """Per level, the piece each slot sends (``sigma[u]``): the identity at the first level
+    (a rank's own shard), then where it can be, a permutation under which no rank sends at
+    the next level a range holding the piece it received itself. Inverted, as the
+    ReduceScatter is, such a rank would reduce the next level's rail arrival and its mates'
+    partial sums into one range, one after the other, on the critical path at every level."""
+    orders = [tuple(range(mates))]
+    for k in range(1, len(radices_)):
+        prev, r = orders[-1], radices_[k - 1]
+        cost = [[int(any((j * mates + prev[u]) // r == v for j in range(r)))
+                 for v in range(mates)] for u in range(mates)]
+        orders.append(tuple(_assignment(cost)))
+    return tuple(orders)
 
 
 @functools.cache
-def forward_orders(mates: int, radix: int) -> np.ndarray:
+def forward_orders(mates: int, radix: int, sigma: tuple[int, ...] | None = None,
+                   nxt: tuple[int, ...] | None = None) -> np.ndarray:
     """Per group of the super-group and turn, the mate each slot forwards a piece from that
-    group to: every turn a derangement of the slots (each port sends one piece and
-    receives one), together every mate once, and the mate that sends the piece on at the
-    next level as early as the turns allow, so its rail send waits for about one forward
-    and not for ``mates - 1``."""
+    group to (slot ``u`` received piece ``sigma[u]``; at the next level slot ``w`` sends
+    piece ``nxt[w]``; both the identity by default): every turn a derangement of the slots
+    (each port sends one piece and receives one), together every mate once, and the mate
+    that sends the piece on at the next level as early as the turns allow, so its rail send
+    waits for about one forward and not for ``mates - 1``."""
+    sigma = sigma or tuple(range(mates))
+    sender = {v: w for w, v in enumerate(nxt or range(mates))}
     out = np.zeros((radix, mates - 1, mates), dtype=np.int64)
     for j in range(radix):
-        needed = [(j * mates + u) // radix for u in range(mates)]
+        needed = [sender[(j * mates + sigma[u]) // radix] for u in range(mates)]
         free = [[v != u for v in range(mates)] for u in range(mates)]
         for t in range(mates - 1):
             cost = [[(0 if v == needed[u] else 1) if free[u][v] else mates * mates

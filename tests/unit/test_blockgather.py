@@ -15,6 +15,7 @@ from choreo.blockgather import (
     estimate,
     forward_orders,
     levels,
+    piece_orders,
 )
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
@@ -128,10 +129,40 @@ def test_needed_first_forwards_start_the_next_level_sooner(
     first = simulate(block_gather(fabric, [demand])).makespan
     cyclic = forward_orders(8, 2).copy()
     cyclic[:] = (np.arange(8)[None, None, :] + np.arange(1, 8)[None, :, None]) % 8
-    monkeypatch.setattr(blockgather, "forward_orders", lambda mates, radix: cyclic)
+    monkeypatch.setattr(blockgather, "forward_orders", lambda *_: cyclic)
     s = block_gather(fabric, [demand])
     assert verify(s).ok
     assert simulate(s).makespan > 1.1 * first
+
+
+@pytest.mark.parametrize("radices", [(2, 2, 2, 2), (3, 2, 5), (4, 4, 2), (2, 7, 3)])
+def test_no_rank_sends_on_a_piece_it_received(radices: tuple[int, ...]) -> None:
+    """Under ``piece_orders`` the piece a rank receives at a level lies, at the next level,
+    in a piece another rank sends; and each level's order is a permutation."""
+    orders = piece_orders(radices, 8)
+    assert orders[0] == tuple(range(8))
+    for k in range(1, len(radices)):
+        assert sorted(orders[k]) == list(range(8))
+        for u in range(8):
+            for j in range(radices[k - 1]):
+                within = (j * 8 + orders[k - 1][u]) // radices[k - 1]
+                assert orders[k].index(within) != u
+
+
+def test_the_reduce_scatter_reduces_into_a_range_once_a_level(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inverted, a rank that sent on a piece it had received reduced the next level's rail
+    arrival and its mates' partial sums into one range one after the other, every level;
+    with ``piece_orders`` no rank does, and the ReduceScatter ends sooner (measured 1.18x
+    on dgx-h100-16 with one piece a level)."""
+    monkeypatch.setattr(blockgather, "MAX_TRANSFERS", 1)
+    fabric, demand = _all("dgx-h100-16", Collective.REDUCESCATTER)
+    s = block_gather(fabric, [demand])
+    assert verify(s).ok
+    ordered = simulate(s).makespan
+    monkeypatch.setattr(blockgather, "piece_orders",
+                        lambda radices, mates: tuple(tuple(range(mates)) for _ in radices))
+    assert simulate(block_gather(fabric, [demand])).makespan > 1.1 * ordered
 
 
 def test_where_it_does_not_apply() -> None:
