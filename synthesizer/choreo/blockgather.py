@@ -86,16 +86,18 @@ class Level:
 def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: Hop,
            ranks: int, nested: bool = False) -> list[Level]:
     """The levels, smallest radix first, each with its sub-pieces: one more where it saves
-    the most estimated time (a rail alpha per partner more, against the forwarding left
-    after the level's last arrival: ``mates - 1`` sends of a sub-piece on the NVSwitch
-    port) while the plan stays within ``MAX_TRANSFERS`` and a node's file within
-    ``MAX_HOST_STEPS``.
+    the most estimated time (a rail alpha per partner more, against the forwarding the
+    plan waits for after the level's last arrival, on the NVSwitch port: at the top level
+    ``mates - 1`` sends of a sub-piece; below it only the ``r`` to the next level's
+    senders, which go first and let their rail sends go on) while the plan stays within
+    ``MAX_TRANSFERS`` and a node's file within ``MAX_HOST_STEPS``.
 
-    ``nested``: every sub-piece the same size, a level's whole piece (``group x chunks``),
-    so any two ranges a rank sends are nested or apart. A ReduceScatter (the plan
-    inverted) needs that: a rank reduces into a range only once all of it, or none of it,
-    was reduced into before, or its partial sums would lie in two places (its input and
-    its scratch), which one MSCCL step cannot read."""
+    ``nested``: sub-pieces of whole shards, with every range size of the plan dividing the
+    next larger one (the next finer such cut where it saves the most a transfer), so any
+    two ranges a rank sends are nested or apart. A ReduceScatter (the plan inverted) needs
+    that: a rank reduces into a range only once all of it, or none of it, was reduced into
+    before, or its partial sums would lie in two places (its input and its scratch), which
+    one MSCCL step cannot read."""
     shape: list[tuple[int, int]] = []  # (radix, hosts per group before the level)
     group = 1
     for r in sorted(radices(hosts)):
@@ -105,7 +107,11 @@ def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: H
 
     def cost(k: int, s: int) -> float:
         r, g = shape[k]
-        return s * (r - 1) * rail.alpha + (mates - 1) * g * shard / s * host.beta
+        # the forwards of a level's last arrival the plan waits for: at the top level all
+        # of them; below, only those to the next level's senders, sent first (a sender
+        # needs ``r`` of the level's pieces), before their rail sends go on
+        waits = mates - 1 if k == len(shape) - 1 else r
+        return s * (r - 1) * rail.alpha + waits * g * shard / s * host.beta
 
     def transfers() -> int:  # each sub-piece: a rail send and the forwards to the mates
         return ranks * (mates - 1 + sum((r - 1) * s * mates
@@ -121,18 +127,34 @@ def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: H
                                    for _, size in _cuts(0, g * chunks, s)) * mates + 2
         return 2 * mates * sends
 
-    if nested:
-        best: tuple[float, list[int]] = (float("inf"), subs)
-        for _, unit in shape:  # sub-pieces of ``unit`` hosts' shards
-            subs = [max(1, g // unit) for _, g in shape]
-            if (max(subs) > MAX_SUB_PIECES or transfers() > MAX_TRANSFERS
-                    or host_steps() > MAX_HOST_STEPS):
-                continue
-            lvs = [Level(r, g, s) for (r, g), s in zip(shape, subs, strict=True)]
-            end = timeline(lvs, mates, chunks, shard, host, rail)[1]
-            if end < best[0] * (1 - 1e-9):
-                best = (end, subs)
-        subs = best[1]
+    def nests(k: int, n: int) -> bool:
+        """Level ``k`` cut in ``n`` sub-pieces of whole shards, with every range size of the
+        plan (a shard, each level's piece and sub-piece) dividing the next larger one, so
+        that any two ranges a rank sends are nested or apart."""
+        size, rest = divmod(shape[k][1] * chunks, n)
+        rest += size % chunks
+        sizes = {chunks, size} | {g * chunks for _, g in shape}
+        sizes |= {g * chunks // m for i, ((_, g), m) in enumerate(zip(shape, subs, strict=True))
+                  if i != k}
+        return not rest and all(b % a == 0 for a, b in itertools.pairwise(sorted(sizes)))
+
+    while nested:  # the next finer cut that nests, where it saves the most a transfer
+        moves = []
+        for k, s in enumerate(subs):
+            n = next((n for n in range(s + 1, MAX_SUB_PIECES + 1) if nests(k, n)), None)
+            if n is not None:
+                moves.append(((cost(k, s) - cost(k, n)) / (n - s), k, n))
+        applied = False
+        for gain, k, n in sorted(moves, reverse=True):
+            if gain <= 0:
+                break
+            was, subs[k] = subs[k], n
+            if transfers() <= MAX_TRANSFERS and host_steps() <= MAX_HOST_STEPS:
+                applied = True
+                break
+            subs[k] = was
+        if not applied:
+            break
     while not nested:
         gains = [(cost(k, s) - cost(k, s + 1), k) for k, s in enumerate(subs)
                  if s < min(MAX_SUB_PIECES, shape[k][1] * chunks)]

@@ -3,6 +3,8 @@ bound where the rail plan cannot go."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -163,6 +165,26 @@ def test_the_reduce_scatter_reduces_into_a_range_once_a_level(
     monkeypatch.setattr(blockgather, "piece_orders",
                         lambda radices, mates: tuple(tuple(range(mates)) for _ in radices))
     assert simulate(block_gather(fabric, [demand])).makespan > 1.1 * ordered
+
+
+@pytest.mark.parametrize(("hosts", "chunks"), [(2048, 1), (512, 1), (128, 2), (96, 3), (12, 4)])
+def test_reduce_scatter_sub_pieces_nest(hosts: int, chunks: int) -> None:
+    """A ReduceScatter's sub-pieces are whole shards and every range size divides the next
+    larger one, so any two ranges nest or lie apart; within the transfer budget, the top
+    level (whose gathers the first rail sends wait for) is cut finer than one piece."""
+    host, rail = hops(build("dgx-h100-2"), tuple(range(16)))
+    ranks, shard = hosts * 8, GIB / (hosts * 8)
+    lvs = levels(hosts, 8, chunks, shard, host, rail, ranks, nested=True)
+    sizes = {chunks} | {lv.group * chunks for lv in lvs}
+    for lv in lvs:
+        size, rest = divmod(lv.group * chunks, lv.subs)
+        assert rest == 0 and size % chunks == 0
+        sizes.add(size)
+    ordered = sorted(sizes)
+    assert all(b % a == 0 for a, b in itertools.pairwise(ordered))
+    assert ranks * (7 + sum((lv.radix - 1) * lv.subs * 8 for lv in lvs)) <= \
+        blockgather.MAX_TRANSFERS
+    assert lvs[-1].subs > 1
 
 
 def test_where_it_does_not_apply() -> None:
