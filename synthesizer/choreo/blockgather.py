@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -58,7 +59,19 @@ def block_layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
     """Per host, its rank indices in slot order, where the plan applies: ``layout``'s rail
     fabric, each host's ranks consecutive in the demand and in slot order (so its block of
     the buffer is contiguous, and piece ``u`` of it is slot ``u``'s shard), and a host
-    count whose prime factors all make levels (``radices``)."""
+    count whose prime factors all make levels (``radices``). Planning asks three times
+    per demand (0.2 s each at 16,384 GPUs), so the last answer is kept."""
+    global _last_layout
+    last = _last_layout
+    if last is None or last[0]() is not fabric or last[1] != demand:
+        last = _last_layout = (weakref.ref(fabric), demand, _block_layout(fabric, demand))
+    return None if last[2] is None else [list(members) for members in last[2]]
+
+
+_last_layout: tuple[weakref.ref[Topology], Demand, list[list[int]] | None] | None = None
+
+
+def _block_layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
     if demand.collective not in COLLECTIVES:
         return None
     hosts = layout(fabric, demand)
