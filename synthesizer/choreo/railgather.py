@@ -386,15 +386,17 @@ def lay_out(fabric: Topology, planned: Sequence[Demand], rows: Sequence[np.ndarr
     """Every demand's rows (``phase``'s, in its rank indices) routed on ``fabric`` and
     simulated jointly: tenants that share links delay each other as the simulator says.
     Sends go through switches, never through another GPU (``Router``'s ``transit``)."""
-    cols = []
-    for t, (d, r) in enumerate(zip(planned, rows, strict=True)):
-        ranks = np.asarray(d.ranks, dtype=np.int64)
-        ints = r[:, 2:].astype(np.int64)
-        cols.append(np.column_stack([np.full(len(r), t), r[:, 0], ranks[ints[:, 0]],
-                                     ranks[ints[:, 1]], ints[:, 2], ints[:, 3], ints[:, 4]]))
-    table = np.concatenate(cols)
-    step = np.unique(table[:, 1], return_inverse=True)[1].astype(np.int64)
-    tenant, src, dst, chunk, count, op = table[:, [0, 2, 3, 4, 5, 6]].T.astype(np.int64)
+    def column(k: int) -> np.ndarray:  # column k of every tenant's rows, as integers
+        return np.concatenate([r[:, k].astype(np.int64) for r in rows])
+
+    tenant = np.repeat(np.arange(len(rows), dtype=np.int64), [len(r) for r in rows])
+    step = np.unique(np.concatenate([r[:, 0] for r in rows]),
+                     return_inverse=True)[1].astype(np.int64)
+    src = np.concatenate([np.asarray(d.ranks, dtype=np.int64)[r[:, 2].astype(np.int64)]
+                          for d, r in zip(planned, rows, strict=True)])
+    dst = np.concatenate([np.asarray(d.ranks, dtype=np.int64)[r[:, 3].astype(np.int64)]
+                          for d, r in zip(planned, rows, strict=True)])
+    chunk, count, op = column(4), column(5), column(6)
     nbytes = max(d.size / d.n for d in planned)
     return timed_plan(fabric, fabric, tuple(planned), nbytes, tenant, step, src, dst, chunk,
                       op, count, engine=engine, meta=meta, transit=False)
