@@ -332,6 +332,7 @@ def forward_orders(mates: int, radix: int, sigma: tuple[int, ...] | None = None,
             for u, v in enumerate(to):
                 free[u][v] = False
             out[j, t] = to
+    out.setflags(write=False)  # cached: shared by every caller
     return out
 
 
