@@ -348,3 +348,21 @@ def test_every_piece_of_a_cut_send_names_a_scratch_slot_its_parser_accepts() -> 
     assert sends == [("s", 20, 71), ("s", -1, 9)]
     assert validate(xml) == []
     assert run(xml).ok
+
+
+def test_a_ranks_own_data_is_copied_in_ranged_steps() -> None:
+    """Its own shard's chunks lie side by side in the input and the output, so one ``cpy``
+    of ``cnt`` chunks copies them (a step of each chunk filled the threadblock's 64 steps
+    from 64 chunks on: a Scatter of 80 chunks a piece was refused); with two instances an
+    instance's chunk units are apart, so each is copied alone."""
+    sched = schedule("ring-8", "allgather", 8)
+    xml = to_xml(sched)
+    for g in parse(xml).algo.gpus:
+        assert [(st.srcoff, st.dstoff, st.cnt) for tb in g.tbs for st in tb.steps
+                if st.type == "cpy"] == [(0, 8 * g.id, 8)]
+    assert validate(xml) == [] and run(xml).ok
+    two = to_xml(sched, instances=2)
+    copies = [st.cnt for tb in parse(two).algo.gpus[3].tbs for st in tb.steps
+              if st.type == "cpy"]
+    assert copies == [1] * 16
+    assert run(two).ok

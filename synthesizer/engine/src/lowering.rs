@@ -348,14 +348,23 @@ fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
             new_tb(&mut tbs, &mut tb_of, g, -1, q, ch);
         }
     }
-    // A rank's own-data copies: one threadblock of its own, after the others.
+    // A rank's own-data copies: one threadblock of its own, after the others. Copies of
+    // consecutive chunks to consecutive places become one ranged copy (cut into steps of
+    // at most `max_cnt` when emitted), where an instance's chunk units are consecutive too.
     let mut local: HashMap<i64, usize> = HashMap::default();
     for &(g, i, o) in inp.copies {
         let idx = *local.entry(g).or_insert_with(|| {
             tbs[g as usize].push(TbPlan { send: -1, recv: -1, chan: 0, ops: Vec::new() });
             tbs[g as usize].len() - 1
         });
-        tbs[g as usize][idx].ops.push(Op {
+        let ops = &mut tbs[g as usize][idx].ops;
+        if let Some(last) = ops.last_mut() {
+            if inp.instances == 1 && last.src.1 + last.cnt == i && last.dst.1 + last.cnt == o {
+                last.cnt += 1;
+                continue;
+            }
+        }
+        ops.push(Op {
             kind: "cpy",
             src: (b'i', i),
             dst: (b'o', o),
