@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -59,19 +58,8 @@ def block_layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
     """Per host, its rank indices in slot order, where the plan applies: ``layout``'s rail
     fabric, each host's ranks consecutive in the demand and in slot order (so its block of
     the buffer is contiguous, and piece ``u`` of it is slot ``u``'s shard), and a host
-    count whose prime factors all make levels (``radices``). Planning asks three times
-    per demand (0.2 s each at 16,384 GPUs), so the last answer is kept."""
-    global _last_layout
-    last = _last_layout
-    if last is None or last[0]() is not fabric or last[1] != demand:
-        last = _last_layout = (weakref.ref(fabric), demand, _block_layout(fabric, demand))
-    return None if last[2] is None else [list(members) for members in last[2]]
-
-
-_last_layout: tuple[weakref.ref[Topology], Demand, list[list[int]] | None] | None = None
-
-
-def _block_layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
+    count whose prime factors all make levels (``radices``). It costs 0.2 s at 16,384
+    GPUs, so planning finds it once and hands it on (``hosts``, ``layouts``)."""
     if demand.collective not in COLLECTIVES:
         return None
     hosts = layout(fabric, demand)
@@ -294,6 +282,13 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
     return out
 
 
+def next_piece(group: int, piece: int, mates: int, radix: int) -> int:
+    """The next level's piece that holds piece ``piece`` of group ``group`` of a level of
+    radix ``radix``: the super-group's range is its groups' ranges in order, cut in
+    ``mates`` pieces again."""
+    return (group * mates + piece) // radix
+
+
 @functools.cache
 def piece_orders(radices_: tuple[int, ...], mates: int) -> tuple[tuple[int, ...], ...]:
     """Per level, the piece each slot sends (``sigma[u]``): the identity at the first level
@@ -304,26 +299,25 @@ def piece_orders(radices_: tuple[int, ...], mates: int) -> tuple[tuple[int, ...]
     orders = [tuple(range(mates))]
     for k in range(1, len(radices_)):
         prev, r = orders[-1], radices_[k - 1]
-        cost = [[int(any((j * mates + prev[u]) // r == v for j in range(r)))
+        cost = [[int(any(next_piece(j, prev[u], mates, r) == v for j in range(r)))
                  for v in range(mates)] for u in range(mates)]
         orders.append(tuple(_assignment(cost)))
     return tuple(orders)
 
 
 @functools.cache
-def forward_orders(mates: int, radix: int, sigma: tuple[int, ...] | None = None,
-                   nxt: tuple[int, ...] | None = None) -> np.ndarray:
+def forward_orders(mates: int, radix: int, sigma: tuple[int, ...],
+                   nxt: tuple[int, ...]) -> np.ndarray:
     """Per group of the super-group and turn, the mate each slot forwards a piece from that
     group to (slot ``u`` received piece ``sigma[u]``; at the next level slot ``w`` sends
-    piece ``nxt[w]``; both the identity by default): every turn a derangement of the slots
-    (each port sends one piece and receives one), together every mate once, and the mate
-    that sends the piece on at the next level as early as the turns allow, so its rail send
-    waits for about one forward and not for ``mates - 1``."""
-    sigma = sigma or tuple(range(mates))
-    sender = {v: w for w, v in enumerate(nxt or range(mates))}
+    piece ``nxt[w]``): every turn a derangement of the slots (each port sends one piece and
+    receives one), together every mate once, and the mate that sends the piece on at the
+    next level as early as the turns allow, so its rail send waits for about one forward
+    and not for ``mates - 1``."""
+    sender = {v: w for w, v in enumerate(nxt)}
     out = np.zeros((radix, mates - 1, mates), dtype=np.int64)
     for j in range(radix):
-        needed = [sender[(j * mates + sigma[u]) // radix] for u in range(mates)]
+        needed = [sender[next_piece(j, sigma[u], mates, radix)] for u in range(mates)]
         free = [[v != u for v in range(mates)] for u in range(mates)]
         for t in range(mates - 1):
             cost = [[(0 if v == needed[u] else 1) if free[u][v] else mates * mates
@@ -373,22 +367,16 @@ def _assignment(cost: list[list[int]]) -> list[int]:
     return result
 
 
-def block_transfers(fabric: Topology, demand: Demand) -> int:
-    """Transfers the plan has at least (one piece a level): each rank's shard to its mates,
-    and a level's rail send and its forwards per partner group (0 where it does not
-    apply)."""
-    hosts = block_layout(fabric, demand)
-    if hosts is None:
-        return 0
+def block_transfers(demand: Demand, hosts: list[list[int]]) -> int:
+    """Transfers the plan for ``demand`` on ``hosts`` (``block_layout``'s) has at least
+    (one piece a level): each rank's shard to its mates, and a level's rail send and its
+    forwards per partner group."""
     mates = len(hosts[0])
     return demand.n * (mates - 1 + mates * sum(r - 1 for r in radices(len(hosts))))
 
 
-def estimate(fabric: Topology, demand: Demand) -> float | None:
-    """The plan's estimated time for ``demand`` alone (None where it does not apply)."""
-    hosts = block_layout(fabric, demand)
-    if hosts is None:
-        return None
+def estimate(fabric: Topology, demand: Demand, hosts: list[list[int]]) -> float:
+    """The plan's estimated time for ``demand`` alone on ``hosts`` (``block_layout``'s)."""
     return _timeline_of(demand, hosts, *hops(fabric, demand.ranks))[2]
 
 
@@ -404,13 +392,16 @@ def _timeline_of(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop
     return lvs, sends, end
 
 
-def block_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule:
+def block_gather(fabric: Topology, demands: Sequence[Demand],
+                 layouts: Sequence[list[list[int]] | None] | None = None) -> Schedule:
     """Every demand's block-doubling plan, routed on ``fabric`` and simulated jointly, as
-    the rail plan is (``railgather.lay_out``)."""
+    the rail plan is (``railgather.lay_out``); ``layouts``: ``block_layout``'s, found
+    already."""
+    if layouts is None:
+        layouts = [block_layout(fabric, d) for d in demands]
     planned: list[Demand] = []
     rows: list[np.ndarray] = []
-    for t, d in enumerate(demands):
-        hosts = block_layout(fabric, d)
+    for t, (d, hosts) in enumerate(zip(demands, layouts, strict=True)):
         if hosts is None:
             raise InputError(f"tenants[{t}]: the block plan needs an AllGather or "
                              "ReduceScatter over hosts alike on rails, each host's ranks "

@@ -386,16 +386,17 @@ def lay_out(fabric: Topology, planned: Sequence[Demand], rows: Sequence[np.ndarr
     """Every demand's rows (``phase``'s, in its rank indices) routed on ``fabric`` and
     simulated jointly: tenants that share links delay each other as the simulator says.
     Sends go through switches, never through another GPU (``Router``'s ``transit``)."""
-    def column(k: int) -> np.ndarray:  # column k of every tenant's rows, as integers
-        return np.concatenate([r[:, k].astype(np.int64) for r in rows])
+    def column(k: int, npus: bool = False) -> np.ndarray:
+        """Column ``k`` of every tenant's rows as integers; ``npus``: rank indices mapped
+        to the tenant's NPUs."""
+        return np.concatenate([
+            (np.asarray(d.ranks, dtype=np.int64)[r[:, k].astype(np.int64)] if npus
+             else r[:, k].astype(np.int64)) for d, r in zip(planned, rows, strict=True)])
 
     tenant = np.repeat(np.arange(len(rows), dtype=np.int64), [len(r) for r in rows])
     step = np.unique(np.concatenate([r[:, 0] for r in rows]),
                      return_inverse=True)[1].astype(np.int64)
-    src = np.concatenate([np.asarray(d.ranks, dtype=np.int64)[r[:, 2].astype(np.int64)]
-                          for d, r in zip(planned, rows, strict=True)])
-    dst = np.concatenate([np.asarray(d.ranks, dtype=np.int64)[r[:, 3].astype(np.int64)]
-                          for d, r in zip(planned, rows, strict=True)])
+    src, dst = column(2, npus=True), column(3, npus=True)
     chunk, count, op = column(4), column(5), column(6)
     nbytes = max(d.size / d.n for d in planned)
     return timed_plan(fabric, fabric, tuple(planned), nbytes, tenant, step, src, dst, chunk,

@@ -201,9 +201,7 @@ def column_atoms(
     src, dst = src.astype(np.int64), dst.astype(np.int64)
     every = np.arange(m, dtype=np.int64)
     if count is None:  # an atom per (node, chunk) copy
-        cuts, inv = np.unique(np.concatenate([src * span + lo, dst * span + lo]),
-                              return_inverse=True)
-        inv = inv.astype(np.int64)
+        cuts, inv = unique_inverse(np.concatenate([src * span + lo, dst * span + lo]))
         return Atoms((every, inv[:m]), (every, inv[m:]), cuts % span,
                      np.ones(len(cuts), dtype=np.int64), cuts // span)
     hi = lo + count

@@ -197,9 +197,11 @@ def synthesize(
     check_demands(fabric, demands, opts.relay)
     if all(applies(fabric, d, opts.large_tenant) for d in demands):
         return hierarchical(fabric, demands, opts.relay)
-    if opts.rail_gather and any(d.n > opts.large_tenant for d in demands) and all(
-            block_layout(fabric, d) is not None for d in demands):
-        return _rail_or_block(fabric, demands)
+    if opts.rail_gather and any(d.n > opts.large_tenant for d in demands):
+        found = [block_layout(fabric, d) for d in demands]
+        layouts = [hosts for hosts in found if hosts is not None]
+        if len(layouts) == len(demands):
+            return _rail_or_block(fabric, demands, layouts)
     check_fits(demands)
     railed = opts.rail_gather and all(layout(fabric, d) is not None for d in demands)
     if railed and any(d.n > opts.large_tenant for d in demands):
@@ -221,7 +223,8 @@ def synthesize(
     return _against_trees(fabric, demands, best) if opts.tree_packing else best
 
 
-def _rail_or_block(fabric: Topology, demands: tuple[Demand, ...]) -> Schedule:
+def _rail_or_block(fabric: Topology, demands: tuple[Demand, ...],
+                   layouts: Sequence[list[list[int]]]) -> Schedule:
     """Large AllGather and ReduceScatter tenants: the rail plan, or the block plan where the
     rail plan's transfers do not fit in memory (thousands of hosts) or the block plan is
     faster. The rail plan's estimate is its simulated time on links alike; the block plan's
@@ -230,20 +233,21 @@ def _rail_or_block(fabric: Topology, demands: tuple[Demand, ...]) -> Schedule:
     try:
         check_fits(demands)
     except InputError as err:
-        need = sum(block_transfers(fabric, d) for d in demands)
+        need = sum(block_transfers(d, hosts) for d, hosts in zip(demands, layouts, strict=True))
         free = _available_memory()
         if need * BYTES_PER_TRANSFER > free:
             raise InputError(
                 f"{err}; the block plan, which needs fewer, needs {need:,} transfers, about "
                 f"{need * BYTES_PER_TRANSFER / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB "
                 "is free here") from None
-        return block_gather(fabric, demands)
+        return block_gather(fabric, demands, layouts)
     shaped = plans(fabric, demands)
     rail_s = max(p.estimate for p in shaped)
-    estimates = [block_estimate(fabric, d) for d in demands]  # every demand's applies
-    if max(float("inf") if e is None else e for e in estimates) > rail_s * BLOCK_MARGIN:
+    block_s = max(block_estimate(fabric, d, hosts)
+                  for d, hosts in zip(demands, layouts, strict=True))
+    if block_s > rail_s * BLOCK_MARGIN:
         return rail_gather(fabric, demands, shaped)
-    block = block_gather(fabric, demands)  # its times are the simulator's already
+    block = block_gather(fabric, demands, layouts)  # its times are the simulator's already
     if block.makespan <= rail_s:
         return block
     rail = rail_gather(fabric, demands, shaped)

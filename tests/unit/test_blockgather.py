@@ -87,8 +87,9 @@ def test_many_hosts_near_the_bound_and_within_a_configmap() -> None:
     assert 0.91 <= share <= 1.0 + 1e-9
     assert busiest_host_steps(s) <= MAX_HOST_STEPS
     assert len(s) <= blockgather.MAX_TRANSFERS
-    est = estimate(fabric, demand)
-    assert est is not None and est >= simulate(s).makespan * 0.99  # the levels overlap
+    hosts = block_layout(fabric, demand)
+    assert hosts is not None
+    assert estimate(fabric, demand, hosts) >= simulate(s).makespan * 0.99  # levels overlap
 
 
 def test_sub_pieces_stay_within_the_transfer_budget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,15 +103,22 @@ def test_sub_pieces_stay_within_the_transfer_budget(monkeypatch: pytest.MonkeyPa
     assert tight == [Level(2, g, 1) for g in (1, 2, 4, 8)]
 
 
-@pytest.mark.parametrize(("mates", "radix"), [(8, 2), (8, 4), (8, 8), (4, 2), (16, 2)])
-def test_forwards_reach_the_next_levels_sender_first(mates: int, radix: int) -> None:
+@pytest.mark.parametrize(("mates", "radix", "permuted"),
+                         [(8, 2, False), (8, 4, False), (8, 8, False), (4, 2, False),
+                          (16, 2, False), (8, 2, True), (8, 4, True), (16, 2, True)])
+def test_forwards_reach_the_next_levels_sender_first(mates: int, radix: int,
+                                                     permuted: bool) -> None:
     """Every turn each slot sends one piece and receives one, every slot reaches every
     mate once, and the mate that sends a piece on at the next level gets it in the first
-    turns (as many as it needs pieces)."""
-    orders = forward_orders(mates, radix)
+    turns (as many as it needs pieces); with the identity's pieces, and with the pieces
+    ``piece_orders`` gives a level and the next (as the plan uses them)."""
+    sigma, nxt = tuple(range(mates)), tuple(range(mates))
+    if permuted:
+        sigma, nxt = piece_orders((radix, radix, radix), mates)[1:]
+    orders = forward_orders(mates, radix, sigma, nxt)
     assert orders.shape == (radix, mates - 1, mates)
     for group in range(radix):
-        needed = [(group * mates + u) * mates // (radix * mates) for u in range(mates)]
+        needed = [nxt.index((group * mates + sigma[u]) // radix) for u in range(mates)]
         for turn in range(mates - 1):
             assert sorted(orders[group, turn]) == list(range(mates))
             assert all(orders[group, turn, u] != u for u in range(mates))
@@ -129,7 +137,7 @@ def test_needed_first_forwards_start_the_next_level_sooner(
     monkeypatch.setattr(blockgather, "MAX_TRANSFERS", 1)
     fabric, demand = _all("dgx-h100-16", Collective.ALLGATHER)
     first = simulate(block_gather(fabric, [demand])).makespan
-    cyclic = forward_orders(8, 2).copy()
+    cyclic = forward_orders(8, 2, tuple(range(8)), tuple(range(8))).copy()
     cyclic[:] = (np.arange(8)[None, None, :] + np.arange(1, 8)[None, :, None]) % 8
     monkeypatch.setattr(blockgather, "forward_orders", lambda *_: cyclic)
     s = block_gather(fabric, [demand])
@@ -240,7 +248,9 @@ def test_a_communicator_over_1024_ranks_lowers_into_node_files_the_runtime_loads
 def test_a_block_plan_past_free_memory_is_refused_before_it_is_built(
         monkeypatch: pytest.MonkeyPatch) -> None:
     fabric, demand = _all("dgx-h100-8", Collective.ALLGATHER)
-    assert blockgather.block_transfers(fabric, demand) == 64 * (7 + 8 * 3)
+    hosts = block_layout(fabric, demand)
+    assert hosts is not None
+    assert blockgather.block_transfers(demand, hosts) == 64 * (7 + 8 * 3)
     monkeypatch.setattr(synth, "_available_memory", lambda: 256 << 10)  # 1,984 x 150 B over
     with pytest.raises(InputError, match=r"block plan, which needs fewer, needs 1,984 "):
         synthesize(fabric, [demand], SynthOptions(relay=False, large_tenant=32))
