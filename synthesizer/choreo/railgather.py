@@ -225,10 +225,18 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             nic.append((u, k, 0, shape.relay, turn))
             u += rail.time(shape.relay * cb)
     copies = len(nvl)
-    for at, k, lo, hi in sorted(arrivals):  # forward the unrelayed part of what came
-        if hi <= lo:
-            continue
+    # Forward the unrelayed part of what came. A piece that has arrived by the time the
+    # NVSwitch port is free joins the one before it where it continues it (same round, next
+    # chunks): a port that falls behind pays one send's latency for both, not one a piece.
+    came = [a for a in sorted(arrivals) if a[3] > a[2]]
+    i = 0
+    while i < len(came):
+        at, k, lo, hi = came[i]
         t = max(t, at)
+        i += 1
+        while i < len(came) and came[i][1] == k and came[i][2] == hi and came[i][0] <= t:
+            hi = came[i][3]
+            i += 1
         copies += mates - 1
         if not record:
             t += (mates - 1) * host.time((hi - lo) * cb)

@@ -110,6 +110,25 @@ def test_the_estimate_keeps_each_port_busy_one_send_at_a_time() -> None:
             assert nxt >= at + hop.time((hi - lo) * GIB / 32 / 4) - 1e-15
 
 
+def test_a_port_that_falls_behind_forwards_what_came_in_one_send() -> None:
+    # dgx-h100-16's ports: the NVSwitch port forwards a round's pieces slower than they come
+    host, rail = Hop(0.7e-6, 1 / 370e9), Hop(1.7e-6, 1 / 46e9)
+    shape = Shape(64, 0, 8, 1, False, 0.87, 1)
+    est = estimate(shape, 8, 16, GIB / 128, host, rail)
+    came = {(k, lo, hi) for _, k, lo, hi, _ in est.nic}
+    forwarded = [(-whose, lo, hi) for _, turn, lo, hi, whose in est.nvl if whose < 0 and turn == 1]
+    joined = [f for f in forwarded if f not in came]
+    assert joined, "no forward carried two pieces"
+    for k, lo, hi in joined:  # each joins consecutive pieces of one round
+        pieces = sorted((a, b) for j, a, b in came if j == k and lo <= a and b <= hi)
+        assert len(pieces) > 1 and pieces[0][0] == lo and pieces[-1][1] == hi
+        assert all(b == a for (_, b), (a, _) in itertools.pairwise(pieces))
+    # every forward of a round's chunks, once: nothing lost, nothing sent twice
+    for k in range(1, 16):
+        spans = sorted((lo, hi) for j, lo, hi in forwarded if j == k)
+        assert spans[0][0] == 0 and spans[-1][1] == 64
+        assert all(b == a for (_, b), (a, _) in itertools.pairwise(spans))
+
 def test_synthesize_keeps_the_faster_of_greedy_and_the_rail_plan() -> None:
     fabric, demand = _demand("dgx-h100-4", Collective.ALLGATHER)
     chosen = synthesize(fabric, [demand], SynthOptions(relay=False))
