@@ -8,6 +8,8 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
+use rayon::prelude::*;
+
 /// The fabric's usable out-links per node (CSR) with each link's head and cost.
 pub struct Graph<'a> {
     pub adj_ptr: &'a [i64],
@@ -70,10 +72,14 @@ fn two_hop_bound(g: &Graph, cost: &HashMap<(usize, usize), f64>, s: usize, targe
     worst
 }
 
+/// Sources per parallel block: a block's searches share one set of per-node arrays.
+const BLOCK: usize = 256;
+
 /// For each source `sources[i]` and each of its targets `targets[ptr[i]..ptr[i + 1]]`, the
 /// fabric links of the cheapest path in order, concatenated: returns (path_ptr, path_links)
 /// with one path per (source, target) in input order. Errors name the first unreachable pair.
-/// Identical to the search without the two-hop bound (`two_hop_bound`), only faster.
+/// Identical to the search without the two-hop bound (`two_hop_bound`), only faster. The
+/// searches are independent, so blocks of sources run on all cores.
 pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
     -> Result<(Vec<i64>, Vec<i64>), String> {
     let n = g.adj_ptr.len().saturating_sub(1);
@@ -82,45 +88,122 @@ pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
     }
     // The two-hop bound needs positive costs (a free link could extend a path at no cost).
     let positive = g.adj_cost.iter().all(|&c| c > 0.0);
-    let cost = if positive { link_costs(g, n) } else { HashMap::new() };
-    let mut dist = vec![f64::INFINITY; n];
-    let mut pred = vec![-1i64; n];
-    let mut done = vec![false; n];
-    let mut wanted = vec![false; n];
-    let mut touched: Vec<usize> = Vec::new();
-    let mut heap = BinaryHeap::new();
+    let cost = if positive { Some(link_costs(g, n)) } else { None };
+    let starts: Vec<usize> = (0..sources.len()).step_by(BLOCK).collect();
+    let blocks: Vec<Result<(Vec<i64>, Vec<i64>), String>> = starts
+        .par_iter()
+        .map_init(
+            || Search::new(n),
+            |search, &first| {
+                let mut lengths = Vec::new();
+                let mut links = Vec::new();
+                for i in first..(first + BLOCK).min(sources.len()) {
+                    let (lo, hi) = (ptr[i] as usize, ptr[i + 1] as usize);
+                    search.run(g, cost.as_ref(), sources[i], &targets[lo..hi], &mut lengths,
+                               &mut links)?;
+                }
+                Ok((lengths, links))
+            },
+        )
+        .collect();
     let mut path_ptr = vec![0i64];
     let mut path_links = Vec::new();
-    let mut hops = Vec::new();
-    for (i, &s) in sources.iter().enumerate() {
+    for block in blocks {
+        let (lengths, links) = block?;
+        for len in lengths {
+            path_ptr.push(path_ptr[path_ptr.len() - 1] + len);
+        }
+        path_links.extend(links);
+    }
+    Ok((path_ptr, path_links))
+}
+
+/// One thread's per-node search state, reset after each search (only what it touched).
+struct Search {
+    dist: Vec<f64>,
+    pred: Vec<i64>,
+    done: Vec<bool>,
+    wanted: Vec<bool>,
+    touched: Vec<usize>,
+    heap: BinaryHeap<Entry>,
+    hops: Vec<i64>,
+}
+
+impl Search {
+    fn new(n: usize) -> Self {
+        Search {
+            dist: vec![f64::INFINITY; n],
+            pred: vec![-1; n],
+            done: vec![false; n],
+            wanted: vec![false; n],
+            touched: Vec::new(),
+            heap: BinaryHeap::new(),
+            hops: Vec::new(),
+        }
+    }
+
+    /// The paths from `s` to each of `targets` in order: each path's length pushed on
+    /// `lengths`, its links on `links`.
+    fn run(&mut self, g: &Graph, cost: Option<&HashMap<(usize, usize), f64>>, s: i64,
+           targets: &[i64], lengths: &mut Vec<i64>, links: &mut Vec<i64>) -> Result<(), String> {
+        let n = self.dist.len();
         let s = index(s, n)?;
-        let (lo, hi) = (ptr[i] as usize, ptr[i + 1] as usize);
         let mut left = 0usize;
-        for &t in &targets[lo..hi] {
+        for &t in targets {
             let t = index(t, n)?;
-            if t != s && !wanted[t] {
-                wanted[t] = true;
+            if t != s && !self.wanted[t] {
+                self.wanted[t] = true;
                 left += 1;
             }
         }
-        let bound = if positive {
-            two_hop_bound(g, &cost, s, &targets[lo..hi])
-        } else {
-            f64::INFINITY
-        };
-        dist[s] = 0.0;
-        touched.push(s);
-        heap.push(Entry(0.0, s));
+        let bound = cost.map_or(f64::INFINITY, |c| two_hop_bound(g, c, s, targets));
+        self.settle(g, s, left, bound);
+        let out = (|| {
+            for &t in targets {
+                let t = t as usize;
+                self.hops.clear();
+                let mut v = t;
+                while v != s {
+                    let link = self.pred[v];
+                    if link < 0 || !self.done[v] {
+                        return Err(format!("no usable path from node {s} to node {t}"));
+                    }
+                    self.hops.push(link);
+                    v = g.link_src[link as usize] as usize;
+                }
+                lengths.push(self.hops.len() as i64);
+                links.extend(self.hops.iter().rev());
+            }
+            Ok(())
+        })();
+        for &v in &self.touched {
+            self.dist[v] = f64::INFINITY;
+            self.pred[v] = -1;
+            self.done[v] = false;
+        }
+        for &t in targets {
+            self.wanted[t as usize] = false;
+        }
+        self.touched.clear();
+        self.heap.clear();
+        out
+    }
+
+    /// Dijkstra from `s` until the `left` wanted nodes are settled.
+    fn settle(&mut self, g: &Graph, s: usize, mut left: usize, bound: f64) {
+        self.dist[s] = 0.0;
+        self.touched.push(s);
+        self.heap.push(Entry(0.0, s));
         let mut settled_any = false;
         while left > 0 || !settled_any {
-            let Some(Entry(d, v)) = heap.pop() else { break };
-            if done[v] {
+            let Some(Entry(d, v)) = self.heap.pop() else { break };
+            if self.done[v] {
                 continue;
             }
-            done[v] = true;
+            self.done[v] = true;
             settled_any = true;
-            if wanted[v] {
-                wanted[v] = false;
+            if self.wanted[v] {
+                self.wanted[v] = false;
                 left -= 1;
             }
             for k in g.adj_ptr[v] as usize..g.adj_ptr[v + 1] as usize {
@@ -128,43 +211,17 @@ pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
                 let nd = d + g.adj_cost[k];
                 // At the bound, not below it: in floating point a tiny last hop can add
                 // nothing, so a node on the cheapest path may cost the bound itself.
-                if nd < dist[w] && (nd <= bound || wanted[w]) {
-                    if dist[w].is_infinite() {
-                        touched.push(w);
+                if nd < self.dist[w] && (nd <= bound || self.wanted[w]) {
+                    if self.dist[w].is_infinite() {
+                        self.touched.push(w);
                     }
-                    dist[w] = nd;
-                    pred[w] = g.adj_link[k];
-                    heap.push(Entry(nd, w));
+                    self.dist[w] = nd;
+                    self.pred[w] = g.adj_link[k];
+                    self.heap.push(Entry(nd, w));
                 }
             }
         }
-        for &t in &targets[lo..hi] {
-            let t = t as usize;
-            hops.clear();
-            let mut v = t;
-            while v != s {
-                let link = pred[v];
-                if link < 0 || !done[v] {
-                    return Err(format!("no usable path from node {s} to node {t}"));
-                }
-                hops.push(link);
-                v = g.link_src[link as usize] as usize;
-            }
-            path_links.extend(hops.iter().rev());
-            path_ptr.push(path_links.len() as i64);
-        }
-        for &v in &touched {
-            dist[v] = f64::INFINITY;
-            pred[v] = -1;
-            done[v] = false;
-        }
-        for &t in &targets[lo..hi] {
-            wanted[t as usize] = false;
-        }
-        touched.clear();
-        heap.clear();
     }
-    Ok((path_ptr, path_links))
 }
 
 fn index(v: i64, n: usize) -> Result<usize, String> {
