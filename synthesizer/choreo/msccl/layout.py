@@ -234,6 +234,23 @@ def output_index(coll: Collective, n: int, chunks: int, k: np.ndarray, rank: np.
     return np.where(dst == rank, src * chunks + k % chunks, -1)
 
 
+def linear_block(coll: Collective, n: int, chunks: int, output: bool) -> int | None:
+    """The size of the aligned blocks of schedule chunks within which ``output_index``
+    (``output``) or ``input_index`` of one rank is linear or absent throughout: a range
+    that lies in one block and starts where the rank holds it is back to back there, and
+    one that crosses a block edge is not (the next block belongs to another rank or peer).
+    None: linear everywhere (the index is the chunk itself, or absent for the whole rank)."""
+    if output:
+        if coll in (Collective.REDUCESCATTER, Collective.SCATTER, Collective.ALLTOALL):
+            return chunks
+        return None
+    if coll in (Collective.ALLGATHER, Collective.GATHER):
+        return chunks
+    if coll is Collective.ALLTOALL:
+        return n * chunks
+    return None
+
+
 def supports_inplace(coll: Collective) -> bool:
     """AllToAll in place would overwrite input blocks before they are sent."""
     return coll is not Collective.ALLTOALL

@@ -33,7 +33,6 @@ from functools import cached_property
 
 import numpy as np
 
-from choreo.arrays import unique_sorted
 from choreo.collectives import Collective
 from choreo.errors import InputError
 from choreo.msccl import layout
@@ -274,21 +273,18 @@ class _Program:
 
     def _offsets(self) -> None:
         """Where each atom's chunks sit in its node's input and output (ABSENT if they do not
-        belong there; SPLIT if they are not back to back, which the range must not be)."""
+        belong there; SPLIT if they are not back to back, which the range must not be: a
+        ranged atom that starts where its node holds it and crosses an edge of the index's
+        linear blocks, ``layout.linear_block``)."""
         lo, size, node = self.atom_lo, self.atom_size, self.atom_node
         args = (self.coll, self.n, self.C)
         self.atom_in = input_index(*args, lo, node, self.root)
         self.atom_out = output_index(*args, lo, node, self.root)
-        many = np.flatnonzero(size > 1)
-        if not len(many) or self.coll is Collective.ALLREDUCE:
-            return
-        # every chunk of every ranged atom, against its atom's first offset
-        owner = np.repeat(many, size[many])
-        step = np.arange(len(owner)) - np.repeat(np.cumsum(size[many]) - size[many], size[many])
-        for index_of, first in ((input_index, self.atom_in), (output_index, self.atom_out)):
-            at = index_of(*args, lo[owner] + step, node[owner], self.root)
-            apart = (first[owner] >= 0) & (at != first[owner] + step)
-            first[unique_sorted(owner[apart])] = SPLIT
+        last = lo + size - 1
+        for output, first in ((False, self.atom_in), (True, self.atom_out)):
+            block = layout.linear_block(*args, output)
+            if block is not None:
+                first[(first >= 0) & (lo // block != last // block)] = SPLIT
 
     def _finals(self) -> None:
         """Every destination ends with its chunk; a rank's own data is copied i -> o. A chunk
