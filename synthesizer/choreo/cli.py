@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from importlib.metadata import entry_points
@@ -199,8 +199,18 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         console.print(f"{escape(ev.tenants[t].name)}: no MSCCL file: {escape(why)}; NCCL runs "
                       "its own algorithm (--force writes the file anyway)")
     if msccl:
-        console.print(f"wrote {', '.join(msccl)} to {escape(args.msccl_out)}")
+        console.print(f"wrote {', '.join(_listed(msccl))} to {escape(args.msccl_out)}")
     return 0 if ev.verdict.ok else 1
+
+
+def _listed(names: Iterable[str]) -> list[str]:
+    """File names as written, a folder of per-node files as one entry with its count."""
+    folders: dict[str, int] = {}
+    for name in names:
+        head, sep, _ = name.rpartition("/")
+        key = f"{head}/" if sep else name
+        folders[key] = folders.get(key, 0) + 1
+    return [f"{k} ({n:,} node files)" if k.endswith("/") else k for k, n in folders.items()]
 
 
 def _nccl_ahead(ev: Evaluation) -> dict[int, str]:
@@ -221,10 +231,12 @@ def write_all(out: Path, files: dict[str, Callable[[], bytes]]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        for name, render in files.items():
+        for name, render in files.items():  # a name may hold a folder (per-node files)
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
             (staging / name).write_bytes(render())
         out.mkdir(parents=True, exist_ok=True)
         for name in files:
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(staging / name, out / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -4,6 +4,8 @@ bound where the rail plan cannot go."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,14 +22,15 @@ from choreo.blockgather import (
     piece_orders,
 )
 from choreo.bounds import lower_bound
+from choreo.cli import main
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.generators import build
 from choreo.hierarchy import MAX_HOST_STEPS, busiest_host_steps
-from choreo.msccl import interpret
+from choreo.msccl import interpret, layout
 from choreo.msccl.api import to_xml
-from choreo.msccl.buckets import node_file_gpus, plan_files
-from choreo.msccl.lower import lower
+from choreo.msccl.buckets import plan_files
+from choreo.msccl.lower import lower, lowerable, node_file_gpus
 from choreo.msccl.split import split_per_node
 from choreo.msccl.validate import validate
 from choreo.railgather import hops
@@ -243,6 +246,34 @@ def test_a_communicator_over_1024_ranks_lowers_into_node_files_the_runtime_loads
     fabric, demand = _all("dgx-h100-128", Collective.ALLGATHER, 64 << 20)
     small = block_gather(fabric, [demand])
     assert node_file_gpus(small, 0) is None  # 1,024 ranks: the whole file runs too
+
+
+def test_the_cli_writes_a_node_file_each_for_a_communicator_over_1024_ranks(
+        tmp_path: Path) -> None:
+    out = tmp_path / "msccl"
+    assert main(["synthesize", "-t", "dgx-h100-130", "-c", "allgather", "-s", "64MiB",
+                 "--no-baselines", "--msccl-out", str(out)]) == 0
+    assert [p.name for p in out.iterdir()] == ["tenant0-allgather"]  # no whole file
+    files = sorted((out / "tenant0-allgather").iterdir())
+    assert len(files) == 130
+    for name in ("node0", "node77", "node129"):
+        text = (out / "tenant0-allgather" / f"{name}.xml").read_text()
+        assert text.count("<gpu ") == 8 and f"node={name}" in text
+        assert validate(text) == [], name
+
+
+def test_lowerable_judges_a_communicator_over_1024_ranks_by_its_node_files(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parser that stores 1,100 XML nodes a rank (a stand-in for a larger communicator
+    against the real 4,095): the whole file lists 1,040 <gpu> elements and does not fit,
+    a node's file lists 8 and does."""
+    fabric, demand = _all("dgx-h100-130", Collective.ALLGATHER, 64 << 20)
+    s = block_gather(fabric, [demand])
+    small = replace(layout.RUNTIMES["executor"], max_nodes=1100)
+    monkeypatch.setitem(layout.RUNTIMES, "executor", small)
+    with pytest.raises(InputError, match="XML nodes"):
+        lower(s, 0)
+    assert lowerable(s) == ""
 
 
 def test_a_block_plan_past_free_memory_is_refused_before_it_is_built(

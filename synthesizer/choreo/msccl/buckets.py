@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from choreo.collectives import Demand
 from choreo.errors import InputError
 from choreo.msccl import layout
-from choreo.msccl.lower import Lowering, lower
+from choreo.msccl.lower import Lowering, lower, node_file_gpus
 from choreo.schedule import Schedule
 
 
@@ -45,22 +45,6 @@ class BucketFile:
 
     def xml(self) -> str:
         return self.lowering().text
-
-
-def node_file_gpus(schedule: Schedule, tenant: int) -> int | None:
-    """The ``<gpu>`` elements of the file a rank loads, where the tenant has more ranks than
-    the runtime's parser keeps under one ``<algo>``: such a program runs only split per node
-    (``split.split_per_node``; ``host/`` NPU names), so it is lowered for its largest node's
-    file. None where the whole file can run."""
-    d = schedule.demands[tenant]
-    names = schedule.fabric.names
-    if d.n <= layout.MAX_CHILDREN or not names:
-        return None
-    per_host: dict[str, int] = {}
-    for v in d.ranks:
-        host = names[v].split("/", 1)[0]
-        per_host[host] = per_host.get(host, 0) + 1
-    return max(per_host.values())
 
 
 def bucket_files(buckets: Sequence[tuple[int, int | None, Schedule]], tenant: int = 0, *,

@@ -12,8 +12,9 @@ from rich.console import Console
 
 from choreo.errors import ChoreoError, InputError
 from choreo.msccl import layout
-from choreo.msccl.api import to_xml
 from choreo.msccl.interpret import run
+from choreo.msccl.lower import lower, node_file_gpus
+from choreo.msccl.split import split_per_node
 from choreo.msccl.validate import validate
 from choreo.schedule import Schedule
 
@@ -57,26 +58,49 @@ def add_synthesize_options(parser: argparse.ArgumentParser) -> None:
 
 def msccl_files(sched: Schedule, args: argparse.Namespace,
                 skip: frozenset[int] = frozenset()) -> dict[str, Callable[[], bytes]]:
-    """Every tenant's file but those in ``skip``, each validated and interpreted before
-    anything is written (renderers for ``cli.write_all``, already computed)."""
+    """Every tenant's file but those in ``skip``, each checked before anything is written
+    (renderers for ``cli.write_all``, already computed): validated and run in the
+    interpreter; or, for a tenant of more ranks than one file can hold
+    (``node_file_gpus``), split as the operator ships it, one file per node
+    (``<tenant>-<collective>/<node>.xml``), each validated (no runtime loads such a program
+    whole, the interpreter included)."""
     files: dict[str, Callable[[], bytes]] = {}
     for t, d in enumerate(sched.demands):
         if t in skip:
             continue
-        stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", d.name) if d.name else f"tenant{t}"
+        stem = _safe(d.name) if d.name else f"tenant{t}"
+        file_gpus = node_file_gpus(sched, t)
         for kind in layout.file_kinds(d.collective, args.dialect):
-            name = f"{stem}-{d.collective.value}{layout.file_suffix(kind)}.xml"
-            xml = to_xml(sched, t, dialect=args.dialect, instances=args.instances,
-                         proto=args.proto, calls=kind)
-            problems = validate(xml, args.dialect)
-            if problems:
-                raise ChoreoError(f"{name}: generated file breaks a runtime rule: {problems[0]}")
-            result = run(xml, root=d.root, dialect=args.dialect)
-            if not result.ok:
-                raise ChoreoError(f"{name}: generated file does not compute "
-                                  f"{d.collective.value}: {result}")
-            files[name] = _const(xml.encode())
+            name = f"{stem}-{d.collective.value}{layout.file_suffix(kind)}"
+            xml = lower(sched, t, dialect=args.dialect, instances=args.instances,
+                        proto=args.proto, calls=kind, file_gpus=file_gpus).text
+            if file_gpus is None:
+                _check(f"{name}.xml", xml, args.dialect)
+                result = run(xml, root=d.root, dialect=args.dialect)
+                if not result.ok:
+                    raise ChoreoError(f"{name}.xml: generated file does not compute "
+                                      f"{d.collective.value}: {result}")
+                files[f"{name}.xml"] = _const(xml.encode())
+                continue
+            hosts = [sched.fabric.names[v].split("/", 1)[0] for v in d.ranks]
+            parts = split_per_node(xml, hosts, check_xml=False)
+            del xml
+            for node, text in parts.items():
+                path = f"{name}/{_safe(node)}.xml"
+                _check(path, text, args.dialect)
+                files[path] = _const(text.encode())
     return files
+
+
+def _safe(name: str) -> str:
+    """``name`` as part of one path component."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
+
+
+def _check(name: str, xml: str, dialect: str) -> None:
+    problems = validate(xml, dialect)
+    if problems:
+        raise ChoreoError(f"{name}: generated file breaks a runtime rule: {problems[0]}")
 
 
 def _const(data: bytes) -> Callable[[], bytes]:

@@ -139,13 +139,31 @@ def lower(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", ins
 def lowerable(schedule: Schedule, *, dialect: str = "executor", instances: int = 1,
               proto: str = "Simple") -> str:
     """Why some tenant's program would not run on the dialect's runtime, or "" where every
-    tenant's lowers (a portfolio's ``accept``: more chunks are more steps)."""
+    tenant's lowers (a portfolio's ``accept``: more chunks are more steps), as it ships:
+    split per node where it has more ranks than one file can hold (``node_file_gpus``)."""
     for t in range(len(schedule.demands)):
         try:
-            lower(schedule, t, dialect=dialect, instances=instances, proto=proto)
+            lower(schedule, t, dialect=dialect, instances=instances, proto=proto,
+                  file_gpus=node_file_gpus(schedule, t))
         except InputError as err:
             return f"tenant {t}: {err}"
     return ""
+
+
+def node_file_gpus(schedule: Schedule, tenant: int) -> int | None:
+    """The ``<gpu>`` elements of the file a rank loads, where the tenant has more ranks than
+    the runtime's parser keeps under one ``<algo>``: such a program runs only split per node
+    (``split.split_per_node``; ``host/`` NPU names), so it is lowered for its largest node's
+    file. None where the whole file can run."""
+    d = schedule.demands[tenant]
+    names = schedule.fabric.names
+    if d.n <= layout.MAX_CHILDREN or not names:
+        return None
+    per_host: dict[str, int] = {}
+    for v in d.ranks:
+        host = names[v].split("/", 1)[0]
+        per_host[host] = per_host.get(host, 0) + 1
+    return max(per_host.values())
 
 
 class _Program:
