@@ -199,11 +199,11 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         console.print(f"{escape(ev.tenants[t].name)}: no MSCCL file: {escape(why)}; NCCL runs "
                       "its own algorithm (--force writes the file anyway)")
     if msccl:
-        console.print(f"wrote {', '.join(_listed(msccl))} to {escape(args.msccl_out)}")
+        console.print(f"wrote {', '.join(listed(msccl))} to {escape(args.msccl_out)}")
     return 0 if ev.verdict.ok else 1
 
 
-def _listed(names: Iterable[str]) -> list[str]:
+def listed(names: Iterable[str]) -> list[str]:
     """File names as written, a folder of per-node files as one entry with its count."""
     folders: dict[str, int] = {}
     for name in names:

@@ -14,7 +14,7 @@ import pytest
 from service_helpers import Running, quick_request
 
 from choreo.generators import build
-from choreo.service.api import pb
+from choreo.service.api import MAX_MESSAGE_BYTES, pb
 from choreo.service.client import RequestOptions, TenantRequest, bucket_xml, build_request
 from choreo.service.convert import fabric_to_proto
 from choreo.service.status import details_of
@@ -371,10 +371,10 @@ def test_a_schedule_that_fails_verification_ships_no_file(served: Running) -> No
 
 def test_request_over_the_size_limit_is_refused_by_the_server(served: Running) -> None:
     big = quick_request("big")
-    big.fabric.name = "x" * (65 << 20)
+    big.fabric.name = "x" * (MAX_MESSAGE_BYTES + (1 << 20))
     # a client that would send it, so the refusal is the server's
     with grpc.insecure_channel(served.address, options=[
-            ("grpc.max_send_message_length", 128 << 20)]) as channel:
+            ("grpc.max_send_message_length", 2 * MAX_MESSAGE_BYTES)]) as channel:
         call = channel.unary_unary("/choreo.synthesizer.v1.Synthesizer/Synthesize",
                                    request_serializer=pb.SynthesizeRequest.SerializeToString,
                                    response_deserializer=pb.SynthesizeResponse.FromString)
@@ -444,6 +444,21 @@ def test_remote_cli_writes_xml_and_summary(served: Running, tmp_path: Path,
     assert [b["fileName"] for b in buckets] == [p.name for p in xmls]
     assert all("xml" not in b and b["verification"]["ok"] for b in buckets)
     assert int(buckets[0]["minBytes"]) == 16 << 20 and int(buckets[-1]["maxBytes"]) == 256 << 20
+
+
+def test_remote_cli_writes_a_node_file_each_for_a_communicator_over_1024_ranks(
+        served: Running, tmp_path: Path) -> None:
+    from choreo import msccl
+    from choreo.service.cli import remote_synthesize
+
+    xml_dir = tmp_path / "msccl"
+    args = _remote_args(served, "-t", "dgx-h100-130", "-s", "64MiB", "--msccl-out",
+                        str(xml_dir))
+    assert remote_synthesize(args) == 0
+    [folder] = list(xml_dir.iterdir())  # no whole file: no runtime loads 1,040 <gpu>
+    assert folder.is_dir() and len(list(folder.iterdir())) == 130
+    text = (folder / "node77.xml").read_text()
+    assert text.count("<gpu ") == 8 and msccl.validate(text) == []
 
 
 def test_remote_cli_reports_the_status_and_field(served: Running) -> None:

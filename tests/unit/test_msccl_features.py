@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
+import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from choreo.msccl import (
     validate,
 )
 from choreo.msccl.lower import lower
-from choreo.msccl.packed import gzip_parts, gzip_xml, inflate_xml, split_members
+from choreo.msccl.packed import gzip_parts, gzip_xml, inflate, inflate_xml, split_members
 from choreo.msccl.parse import parse
 from choreo.msccl.xmlmodel import Gpu
 from choreo.schedule import Schedule
@@ -203,6 +205,19 @@ def _without_lines(gpus: list[Gpu]) -> list[tuple[object, ...]]:
     return [(g.id, g.i_chunks, g.o_chunks, g.s_chunks,
              [(t.id, t.send, t.recv, t.chan, [replace(st, line=0) for st in t.steps])
               for t in g.tbs]) for g in gpus]
+
+
+def test_members_inflate_as_gzip_inflates_them_and_a_damaged_one_is_refused() -> None:
+    # members longer than the pieces inflate reads at a time, and some shorter
+    rng = np.random.default_rng(3)
+    raw = [rng.bytes(n) for n in (0, 5, 70_000, 200_000, 1, 131_072)]
+    body = b"".join(gzip.compress(r, compresslevel=1, mtime=0) for r in raw)
+    assert inflate(body) == gzip.decompress(body) == b"".join(raw)
+    assert inflate(b"") == b""
+    with pytest.raises(EOFError):
+        inflate(body[:-3])  # the last member's trailer cut off
+    with pytest.raises(zlib.error):
+        inflate(body[:-1] + bytes([body[-1] ^ 1]))  # its length check damaged
 
 
 def test_a_file_gzipped_per_rank_is_cut_per_node_by_joining_members() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +83,19 @@ def msccl_files(sched: Schedule, args: argparse.Namespace,
                 files[f"{name}.xml"] = _const(xml.encode())
                 continue
             hosts = [sched.fabric.names[v].split("/", 1)[0] for v in d.ranks]
-            parts = split_per_node(xml, hosts, check_xml=False)
-            del xml
-            for node, text in parts.items():
-                path = f"{name}/{_safe(node)}.xml"
-                _check(path, text, args.dialect)
-                files[path] = _const(text.encode())
+            files.update(node_files(name, xml, hosts, args.dialect))
+    return files
+
+
+def node_files(stem: str, xml: str, hosts: Sequence[str], dialect: str | None = None
+               ) -> dict[str, Callable[[], bytes]]:
+    """A program of more ranks than one file can hold, split as the operator ships it:
+    ``<stem>/<node>.xml`` (``hosts``: each rank's node), each file validated."""
+    files: dict[str, Callable[[], bytes]] = {}
+    for node, text in split_per_node(xml, hosts, check_xml=False).items():
+        path = f"{stem}/{_safe(node)}.xml"
+        _check(path, text, dialect)
+        files[path] = _const(text.encode())
     return files
 
 
@@ -97,7 +104,7 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
 
 
-def _check(name: str, xml: str, dialect: str) -> None:
+def _check(name: str, xml: str, dialect: str | None) -> None:
     problems = validate(xml, dialect)
     if problems:
         raise ChoreoError(f"{name}: generated file breaks a runtime rule: {problems[0]}")

@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from choreo.errors import InputError
 from choreo.msccl.split import TAIL, head_parts, node_head
 
+_PIECE = 1 << 16  # bytes of compressed data inflated at a time
+
 
 def gzip_xml(text: str) -> bytes:
     """``text`` as one gzip member."""
@@ -38,7 +40,27 @@ def gzip_parts(text: str, cuts: Sequence[int]) -> tuple[bytes, list[int]]:
 
 def inflate_xml(body: str | bytes) -> str:
     """The text of XML sent either way: gzip (bytes, any number of members) or plain."""
-    return gzip.decompress(body).decode() if isinstance(body, bytes) else body
+    return inflate(body).decode() if isinstance(body, bytes) else body
+
+
+def inflate(data: bytes) -> bytes:
+    """Every gzip member of ``data`` inflated, in order, each checked against its CRC and
+    length. ``gzip.decompress`` copies the rest of the data at every member, which is
+    quadratic in members (a 16,384-GPU file's 2,050 members of 125 MB: minutes); here each
+    member is read in bounded pieces, so a member's end costs at most one piece's copy."""
+    view = memoryview(data)
+    out: list[bytes] = []
+    at = 0
+    while at < len(view):
+        member = zlib.decompressobj(wbits=31)  # gzip framing: zlib checks the trailer
+        while not member.eof:
+            if at >= len(view):
+                raise EOFError("compressed file ended before the end-of-stream marker")
+            piece = view[at:at + _PIECE]
+            out.append(member.decompress(piece))
+            at += len(piece)
+        at -= len(member.unused_data)
+    return b"".join(out)
 
 
 def split_members(body: bytes, ends: Sequence[int], node_of_rank: Sequence[str], *,
@@ -77,6 +99,6 @@ def _gzip(data: bytes) -> bytes:
 
 def _inflate(members: bytes) -> str:
     try:
-        return gzip.decompress(members).decode()
+        return inflate(members).decode()
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
         raise InputError(f"split: a gzip member does not inflate: {err}") from None

@@ -75,8 +75,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def remote_synthesize(args: argparse.Namespace) -> int:
     """The local ``synthesize`` inputs, solved by the service at ``args.remote``."""
-    from choreo.cli import load_fabric, write_all
+    from choreo.cli import listed, load_fabric, write_all
     from choreo.collectives import Collective, parse_size
+    from choreo.msccl.cli import node_files
+    from choreo.msccl.layout import MAX_CHILDREN
     from choreo.service.client import (
         Client,
         RequestOptions,
@@ -109,7 +111,7 @@ def remote_synthesize(args: argparse.Namespace) -> int:
         protocol=getattr(args, "proto", ""), restarts=args.restarts,
         deadline_seconds=0.0 if engine == "greedy" else getattr(args, "deadline", 0.0),
         ship_slower_than_nccl=bool(getattr(args, "force", False)), seed=args.seed,
-        engine=engine))
+        engine=engine, gzip=True))  # a tenth of the bytes; large tenants' files are GBs
     try:
         channel = open_channel(args.remote, ca=args.remote_ca, cert=args.remote_cert,
                                key=args.remote_key)
@@ -122,17 +124,25 @@ def remote_synthesize(args: argparse.Namespace) -> int:
             raise ChoreoError(_describe(args.remote, err, details_of(err))) from None
     ok = print_response(response)
     xml: dict[str, Any] = {}
+    ranks = {s.name: s.ranks for s in specs}
     for t in response.tenants:
+        # as the operator ships it: a tenant of more ranks than one file holds, per node
+        hosts = ([fabric.names[v].split("/", 1)[0] for v in ranks[t.name]]
+                 if len(ranks[t.name]) > MAX_CHILDREN else None)
         for c in t.collectives:
             for b in c.buckets:
                 if b.nccl_runs:
+                    continue
+                if hosts is not None:
+                    xml.update(node_files(b.file_name.removesuffix(".xml"), bucket_xml(b),
+                                          hosts))
                     continue
                 data = bucket_xml(b).encode()
                 xml[b.file_name] = lambda data=data: data
     msccl_out = getattr(args, "msccl_out", None)
     if msccl_out:
         write_all(Path(msccl_out), xml)
-        console.print(f"wrote {', '.join(xml)} to {msccl_out}")
+        console.print(f"wrote {', '.join(listed(xml))} to {msccl_out}")
     if args.out:
         from google.protobuf.json_format import MessageToDict
 
@@ -144,7 +154,7 @@ def remote_synthesize(args: argparse.Namespace) -> int:
                     b.pop("xmlGzip", None)
         files = {**xml, "summary.json": lambda: json.dumps(summary, indent=2).encode()}
         write_all(Path(args.out), files)
-        console.print(f"wrote {', '.join(files)} to {args.out}")
+        console.print(f"wrote {', '.join(listed(files))} to {args.out}")
     return 0 if ok else 1
 
 
