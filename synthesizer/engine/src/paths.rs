@@ -75,13 +75,16 @@ fn two_hop_bound(g: &Graph, cost: &HashMap<(usize, usize), f64>, s: usize, targe
 /// Sources per parallel block: a block's searches share one set of per-node arrays.
 const BLOCK: usize = 256;
 
+/// Paths as CSR: (path_ptr, path_links), or a block's (lengths, links).
+type Paths = (Vec<i64>, Vec<i64>);
+
 /// For each source `sources[i]` and each of its targets `targets[ptr[i]..ptr[i + 1]]`, the
 /// fabric links of the cheapest path in order, concatenated: returns (path_ptr, path_links)
 /// with one path per (source, target) in input order. Errors name the first unreachable pair.
 /// Identical to the search without the two-hop bound (`two_hop_bound`), only faster. The
 /// searches are independent, so blocks of sources run on all cores.
 pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
-    -> Result<(Vec<i64>, Vec<i64>), String> {
+    -> Result<Paths, String> {
     let n = g.adj_ptr.len().saturating_sub(1);
     if ptr.len() != sources.len() + 1 {
         return Err("target pointer length must be sources + 1".into());
@@ -90,7 +93,7 @@ pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
     let positive = g.adj_cost.iter().all(|&c| c > 0.0);
     let cost = if positive { Some(link_costs(g, n)) } else { None };
     let starts: Vec<usize> = (0..sources.len()).step_by(BLOCK).collect();
-    let blocks: Vec<Result<(Vec<i64>, Vec<i64>), String>> = starts
+    let blocks: Vec<Result<Paths, String>> = starts
         .par_iter()
         .map_init(
             || Search::new(n),
