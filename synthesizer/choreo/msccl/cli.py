@@ -14,7 +14,7 @@ from choreo.errors import ChoreoError, InputError
 from choreo.msccl import layout
 from choreo.msccl.interpret import run
 from choreo.msccl.lower import lower, node_file_gpus
-from choreo.msccl.split import split_per_node
+from choreo.msccl.split import rank_nodes, split_per_node
 from choreo.msccl.validate import validate
 from choreo.schedule import Schedule
 
@@ -82,8 +82,8 @@ def msccl_files(sched: Schedule, args: argparse.Namespace,
                                       f"{d.collective.value}: {result}")
                 files[f"{name}.xml"] = _const(xml.encode())
                 continue
-            hosts = [sched.fabric.names[v].split("/", 1)[0] for v in d.ranks]
-            files.update(node_files(name, xml, hosts, args.dialect))
+            files.update(node_files(name, xml, rank_nodes(sched.fabric.names, d.ranks),
+                                    args.dialect))
     return files
 
 

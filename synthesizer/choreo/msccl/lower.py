@@ -27,7 +27,7 @@ words their errors.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -45,6 +45,7 @@ from choreo.msccl.layout import (
     input_index,
     output_index,
 )
+from choreo.msccl.split import rank_nodes
 from choreo.msccl.xmlmodel import Algo, head_text
 from choreo.schedule import Op, Schedule
 from choreo.simulate import node_atoms
@@ -159,11 +160,7 @@ def node_file_gpus(schedule: Schedule, tenant: int) -> int | None:
     names = schedule.fabric.names
     if d.n <= layout.MAX_CHILDREN or not names:
         return None
-    per_host: dict[str, int] = {}
-    for v in d.ranks:
-        host = names[v].split("/", 1)[0]
-        per_host[host] = per_host.get(host, 0) + 1
-    return max(per_host.values())
+    return max(Counter(rank_nodes(names, d.ranks)).values())
 
 
 class _Program:

@@ -16,6 +16,12 @@ _GPU = re.compile(r"<gpu\b[^>]*>")
 _MARKUP = ("<!", "<?")  # comments, CDATA and DOCTYPE; processing instructions
 
 
+def rank_nodes(names: Sequence[str], ranks: Sequence[int]) -> list[str]:
+    """Each rank's node, as the per-node files are cut: its NPU's ``host/`` name prefix
+    (``names``: the fabric's node names)."""
+    return [names[v].split("/", 1)[0] for v in ranks]
+
+
 def fits_configmap(text: str) -> bool:
     return len(text.encode()) <= MAX_CONFIGMAP_BYTES
 

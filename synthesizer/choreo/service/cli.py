@@ -79,6 +79,7 @@ def remote_synthesize(args: argparse.Namespace) -> int:
     from choreo.collectives import Collective, parse_size
     from choreo.msccl.cli import node_files
     from choreo.msccl.layout import MAX_CHILDREN
+    from choreo.msccl.split import rank_nodes
     from choreo.service.client import (
         Client,
         RequestOptions,
@@ -127,7 +128,7 @@ def remote_synthesize(args: argparse.Namespace) -> int:
     ranks = {s.name: s.ranks for s in specs}
     for t in response.tenants:
         # as the operator ships it: a tenant of more ranks than one file holds, per node
-        hosts = ([fabric.names[v].split("/", 1)[0] for v in ranks[t.name]]
+        hosts = (rank_nodes(fabric.names, ranks[t.name])
                  if len(ranks[t.name]) > MAX_CHILDREN else None)
         for c in t.collectives:
             for b in c.buckets:
