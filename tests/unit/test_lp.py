@@ -128,3 +128,15 @@ def test_millions_of_epochs_are_refused_before_the_model_is_built() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 100 << 20
+
+
+def test_link_costs_too_far_apart_for_epochs_are_refused_by_name() -> None:
+    """A 100 s link beside links of 1e-19 s per send: its epochs would overflow the model's
+    integers (it raised numpy's "repeats may not contain negative values")."""
+    links = (*duplex(0, 1, 0.0, 1e18), *duplex(1, 2, 0.0, 1e18), *duplex(0, 2, 0.0, 1e18),
+             *duplex(0, 1, 100.0, 1.0))
+    fabric = Topology("spread", (NodeKind.NPU,) * 3, links)
+    d = Demand(Collective.GATHER, (0, 1, 2), 1, 4, root=0)
+    with pytest.raises(InputError, match=r"engine lp: a send on its slowest link lasts "
+                                         r"1\.2e\+21 epochs"):
+        synthesize_lp(fabric, [d], LpOptions())

@@ -155,7 +155,14 @@ def _solve(fabric: Topology, demands: tuple[Demand, ...], chunks: int, parallel:
     # transfer, and enough of them for the farthest destination
     K = opts.epochs or max(8, 3 * diam + 2)
     tau0 = max(float(groups.time.min()), bound * 1.05 / K)
-    kappa = np.maximum(1, np.ceil(groups.time / tau0 - 1e-9)).astype(np.int64).max(axis=0)
+    epochs = np.maximum(1, np.ceil(groups.time / tau0 - 1e-9))
+    longest = float(epochs.max())
+    if not longest <= MAX_ENTRIES:  # each epoch of a link is a capacity entry; NaN too
+        raise InputError(
+            f"engine lp: a send on its slowest link lasts {longest:.3g} epochs of "
+            f"{tau0:.3g} s (its link costs are that far apart), above {MAX_ENTRIES:,}; use "
+            "engine greedy or auto")
+    kappa = epochs.astype(np.int64).max(axis=0)
     far = _hops(n, groups.src, groups.dst, kappa)  # within each tenant: views may not join them
     K = max(K, 1 + max(int(far[np.ix_(d.ranks, d.ranks)].max()) for d in demands))
     supply, want, origin_of = _commodities(n, demands)
