@@ -160,8 +160,8 @@ def _solve(fabric: Topology, demands: tuple[Demand, ...], chunks: int, parallel:
     if not longest <= MAX_ENTRIES:  # each epoch of a link is a capacity entry; NaN too
         raise InputError(
             f"engine lp: a send on its slowest link lasts {longest:.3g} epochs of "
-            f"{tau0:.3g} s (its link costs are that far apart), above {MAX_ENTRIES:,}; use "
-            "engine greedy or auto")
+            f"{tau0:.3g} s (its link costs are that far apart), above its limit of "
+            f"{MAX_ENTRIES:,} (memory and time); use engine greedy or auto")
     kappa = epochs.astype(np.int64).max(axis=0)
     far = _hops(n, groups.src, groups.dst, kappa)  # within each tenant: views may not join them
     K = max(K, 1 + max(int(far[np.ix_(d.ranks, d.ranks)].max()) for d in demands))
