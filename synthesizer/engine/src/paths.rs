@@ -89,6 +89,15 @@ pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
     if ptr.len() != sources.len() + 1 {
         return Err("target pointer length must be sources + 1".into());
     }
+    // Every index checked before any search, so a search cannot stop halfway and leave its
+    // thread's arrays marked for the next one.
+    if ptr.first() != Some(&0) || ptr.windows(2).any(|w| w[0] > w[1])
+        || ptr[ptr.len() - 1] as usize != targets.len() {
+        return Err("target pointers must rise from 0 to the number of targets".into());
+    }
+    for &v in sources.iter().chain(targets) {
+        index(v, n)?;
+    }
     // The two-hop bound needs positive costs (a free link could extend a path at no cost).
     let positive = g.adj_cost.iter().all(|&c| c > 0.0);
     let cost = if positive { Some(link_costs(g, n)) } else { None };
@@ -149,11 +158,10 @@ impl Search {
     /// `lengths`, its links on `links`.
     fn run(&mut self, g: &Graph, cost: Option<&HashMap<(usize, usize), f64>>, s: i64,
            targets: &[i64], lengths: &mut Vec<i64>, links: &mut Vec<i64>) -> Result<(), String> {
-        let n = self.dist.len();
-        let s = index(s, n)?;
+        let s = s as usize; // `paths` has checked every index
         let mut left = 0usize;
         for &t in targets {
-            let t = index(t, n)?;
+            let t = t as usize;
             if t != s && !self.wanted[t] {
                 self.wanted[t] = true;
                 left += 1;
@@ -250,6 +258,24 @@ mod tests {
         assert_eq!(ptr, vec![0, 2, 3, 4]);
         assert_eq!(links, vec![0, 1, 0, 1]);
         assert!(paths(&g, &[0], &[0, 1], &[3]).is_err());
+    }
+
+    /// Bad indices and pointers are refused before any search runs.
+    #[test]
+    fn bad_indices_are_refused_up_front() {
+        let link_src = [0i64, 1, 0];
+        let g = Graph {
+            adj_ptr: &[0, 2, 3, 3, 3],
+            adj_link: &[0, 2, 1],
+            adj_head: &[1, 2, 2],
+            adj_cost: &[1.0, 5.0, 1.0],
+            link_src: &link_src,
+        };
+        assert_eq!(paths(&g, &[0, 1], &[0, 1, 2], &[2, 9]).err().unwrap(), "node 9 out of range");
+        assert_eq!(paths(&g, &[7], &[0, 1], &[2]).err().unwrap(), "node 7 out of range");
+        assert!(paths(&g, &[0, 1], &[0, 2, 1], &[2, 2]).is_err()); // pointers fall
+        assert!(paths(&g, &[0], &[0, 5], &[2]).is_err()); // past the targets
+        assert!(paths(&g, &[], &[0], &[]).unwrap().1.is_empty());
     }
 
     /// 1 -> 0 costs 1.0995e12 (1 TiB over 1 B/s), 0 -> 2 costs 1e-6: in floating point the
