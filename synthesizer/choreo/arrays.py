@@ -22,18 +22,17 @@ def unique_sorted(values: np.ndarray) -> np.ndarray:
 
 
 def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(values, return_inverse=True)`` for a 1-D integer array, by one argsort:
-    the distinct values ascending and each value's index among them. Also a sorted
-    array's ``searchsorted`` of every value at once, without a binary search per value
-    (8 M distinct int64: about 1 s here, against 1.4-5.5 s for four searches of 2 M)."""
+    """``np.unique(values, return_inverse=True)`` for a 1-D integer array, by a radix sort
+    (compiled: ``choreo_engine.unique_inverse``): the distinct values ascending and each
+    value's index among them. Also a sorted array's ``searchsorted`` of every value at
+    once, without a binary search per value (16 M int64 keys of a 16,384-GPU plan: 0.4 s,
+    against 3.3 s by NumPy's argsort)."""
+    import choreo_engine
+
     flat = np.ravel(values)
     if flat.dtype.kind not in "iu":
         raise TypeError(f"unique_inverse: integer values only, got {flat.dtype}")
-    order = np.argsort(flat)
-    ordered = flat[order]
-    new = np.empty(len(flat), dtype=bool)
-    new[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
-    inverse = np.empty(len(flat), dtype=np.int64)
-    inverse[order] = np.cumsum(new) - 1
-    return ordered[new], inverse
+    if flat.dtype == np.uint64 and len(flat) and int(flat.max()) > np.iinfo(np.int64).max:
+        raise TypeError("unique_inverse: values beyond int64")
+    distinct, inverse = choreo_engine.unique_inverse(np.ascontiguousarray(flat, dtype=np.int64))
+    return np.asarray(distinct).astype(flat.dtype, copy=False), np.asarray(inverse)

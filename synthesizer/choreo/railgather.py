@@ -382,11 +382,16 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand],
 def phase(rows: np.ndarray, reduced: bool) -> np.ndarray:
     """An AllGather plan's rows (``plan``'s columns) with their op appended; ``reduced``:
     reversed and inverted in time, its ReduceScatter."""
+    out = np.empty((len(rows), 7))
     if reduced:
-        end = float((rows[:, 0] + rows[:, 1]).max())
-        rows = np.column_stack([end - rows[:, 0] - rows[:, 1], rows[:, 1], rows[:, 3],
-                                rows[:, 2], rows[:, 4], rows[:, 5]])
-    return np.column_stack([rows, np.full(len(rows), int(Op.REDUCE if reduced else Op.COPY))])
+        np.subtract(float((rows[:, 0] + rows[:, 1]).max()), rows[:, 0], out=out[:, 0])
+        out[:, 0] -= rows[:, 1]
+        out[:, 1], out[:, 2], out[:, 3] = rows[:, 1], rows[:, 3], rows[:, 2]
+        out[:, 4:6] = rows[:, 4:6]
+    else:
+        out[:, :6] = rows
+    out[:, 6] = int(Op.REDUCE if reduced else Op.COPY)
+    return out
 
 
 def lay_out(fabric: Topology, planned: Sequence[Demand], rows: Sequence[np.ndarray],

@@ -70,7 +70,7 @@ def link_model(topology: Topology, fabric: Topology, links: np.ndarray) -> LinkM
     raw = np.fromiter((p for path in paths for p in path), dtype=np.int64, count=int(ptr[-1]))
     row = np.repeat(np.arange(len(links)), np.diff(ptr))
     exists = (raw >= 0) & (raw < nf)
-    usable = np.array([fabric.usable(p) for p in range(nf)], dtype=bool)
+    usable = fabric.columns.usable
     dead = exists & ~usable[np.where(exists, raw, 0)]
     bad = [""] * len(links)
     for k in unique_sorted(row[~exists | dead]).tolist():  # the first problem of each bad link
@@ -85,10 +85,10 @@ def link_model(topology: Topology, fabric: Topology, links: np.ndarray) -> LinkM
                   "is not usable in the fabric")
     phys = raw[exists]  # a missing via link occupies nothing
     ptr[1:] = np.cumsum(np.bincount(row[exists], minlength=len(links)))
-    fab_bw = np.array([lk.bandwidth for lk in fabric.links], dtype=np.float64)
+    fab_bw = fabric.columns.bandwidth
     slowest = np.full(len(links), np.inf)
     np.minimum.at(slowest, row[exists], fab_bw[phys])
-    own_bw = np.array([topology.links[i].bandwidth for i in links.tolist()], dtype=np.float64)
+    own_bw = topology.columns.bandwidth[links]
     fractional = np.isfinite(slowest) & (own_bw < slowest * (1 - SHARE_RTOL))
     return LinkModel(links, fractional, ptr, phys, bad)
 

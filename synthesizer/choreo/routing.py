@@ -12,17 +12,19 @@ so a relay that is itself a member of a reduction would lose its own contributio
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterable
 from dataclasses import replace
+from functools import cached_property
 
 import numpy as np
 
-from choreo.arrays import unique_sorted
+from choreo.arrays import unique_inverse
 from choreo.collectives import Demand
 from choreo.errors import InputError
 from choreo.schedule import Schedule
 from choreo.simulate import simulate
-from choreo.topology import Link, Topology
+from choreo.topology import Link, LinkColumns, NodeKind, Topology
 
 
 class Router:
@@ -34,15 +36,28 @@ class Router:
         algorithm's rank-to-rank send goes through switches, never through another GPU).
         Each NPU then gets a sink copy at ``num_nodes + v`` that its in-links lead to."""
         self.fabric = fabric
-        cost = [lk.alpha + nbytes / lk.bandwidth for lk in fabric.links]
+        cols = fabric.columns
         n = fabric.num_nodes
-        self.sink = [v + n if not transit and fabric.is_npu(v) else v for v in range(n)]
-        # Per node its usable out-links as (link, head, cost), in link order: one search per
-        # source NPU, so the inner loop should touch nothing else.
-        self.adj = [[(i, self.sink[fabric.links[i].dst], cost[i]) for i in fabric.out_links(v)
-                     if fabric.usable(i)] for v in range(n)]
-        self.adj += [[] for _ in range(n if not transit else 0)]
-        self._arrays: tuple[np.ndarray, ...] | None = None
+        npu = np.array([k is NodeKind.NPU for k in fabric.kinds], dtype=bool)
+        sink = np.arange(n, dtype=np.int64) + (n * npu if not transit else 0)
+        self.sink = sink.tolist()
+        # Per node its usable out-links (link, head, cost), in link order, as CSR: one
+        # search per source NPU, so the inner loop should touch nothing else.
+        link = np.flatnonzero(cols.usable)
+        link = link[np.argsort(cols.src[link], kind="stable")]
+        ptr = np.zeros(n + (n if not transit else 0) + 1, dtype=np.int64)
+        ptr[1:n + 1] = np.cumsum(np.bincount(cols.src[link], minlength=n))
+        ptr[n + 1:] = ptr[n]
+        cost = cols.alpha[link] + nbytes / cols.bandwidth[link]
+        self._arrays = (ptr, link, sink[cols.dst[link]], cost, cols.src)
+
+    @cached_property
+    def adj(self) -> list[list[tuple[int, int, float]]]:
+        """Per node its usable out-links as (link, head, cost): ``search``'s graph."""
+        ptr, link, head, cost, _ = self._arrays
+        rows = list(zip(link.tolist(), head.tolist(), cost.tolist(), strict=True))
+        bounds = ptr.tolist()
+        return [rows[a:b] for a, b in itertools.pairwise(bounds)]
 
     def search(self, src: int, targets: set[int]) -> tuple[list[int], list[int]]:
         """Predecessor links from ``src`` and the nodes in the order they were settled
@@ -97,24 +112,11 @@ class Router:
 
         sink = np.asarray(self.sink, dtype=np.int64)
         try:
-            return choreo_engine.shortest_paths(*self._csr(), sources, ptr, sink[targets])
+            return choreo_engine.shortest_paths(*self._arrays, sources, ptr, sink[targets])
         except ValueError:
             self._explain_unreachable({int(a): targets[ptr[i]:ptr[i + 1]].tolist()
                                        for i, a in enumerate(sources.tolist())})
             raise
-
-    def _csr(self) -> tuple[np.ndarray, ...]:
-        if self._arrays is None:
-            counts = [len(out) for out in self.adj]
-            ptr = np.zeros(len(self.adj) + 1, dtype=np.int64)
-            ptr[1:] = np.cumsum(counts)
-            rows = [e for out in self.adj for e in out]
-            link = np.array([e[0] for e in rows], dtype=np.int64)
-            head = np.array([e[1] for e in rows], dtype=np.int64)
-            cost = np.array([e[2] for e in rows], dtype=np.float64)
-            src = np.array([lk.src for lk in self.fabric.links], dtype=np.int64)
-            self._arrays = (ptr, link, head, cost, src)
-        return self._arrays
 
     def _explain_unreachable(self, targets: dict[int, list[int]]) -> None:
         """Raise the InputError naming the first pair without a usable path."""
@@ -188,17 +190,17 @@ def circuits(fabric: Topology, a: np.ndarray, b: np.ndarray, nbytes: float,
         dims=fabric.dims,
         reducing=fabric.reducing,
     )
+    if len(multi):  # the fabric's columns and the circuits', without a pass over the links
+        fab = fabric.columns
+        x, y = a[multi].astype(np.int64), b[multi].astype(np.int64)
+        dead = np.zeros(fabric.num_nodes, dtype=bool)
+        dead[list(fabric.failed)] = True
+        topo.__dict__["columns"] = LinkColumns(
+            np.concatenate([fab.src, x]), np.concatenate([fab.dst, y]),
+            np.concatenate([fab.alpha, alphas[multi]]),
+            np.concatenate([fab.bandwidth, slowest_bw[multi]]),
+            np.concatenate([fab.usable, ~dead[x] & ~dead[y]]))
     return topo, chosen
-
-
-def _lookup(a: np.ndarray, b: np.ndarray, vals: np.ndarray, src: np.ndarray,
-            dst: np.ndarray) -> np.ndarray:
-    """``vals`` of pairs ``(a, b)`` (sorted by a then b) for each (src, dst)."""
-    if not len(src):
-        return np.zeros(0, dtype=np.int64)
-    span = int(max(a.max(), b.max(), src.max(), dst.max())) + 1
-    idx = np.searchsorted(a * span + b, src.astype(np.int64) * span + dst)
-    return vals[idx]
 
 
 def timed_plan(fabric: Topology, view: Topology, demands: tuple[Demand, ...], nbytes: float,
@@ -210,12 +212,10 @@ def timed_plan(fabric: Topology, view: Topology, demands: tuple[Demand, ...], nb
     congestion simulator: step ``k`` is planned at ``[k, k + 0.5)`` and the schedule carries
     what the simulator says runs."""
     span = int(max(src.max(), dst.max())) + 1 if len(src) else 1
-    keys = unique_sorted(src.astype(np.int64) * span + dst)
-    a, b = keys // span, keys % span
-    topo, link = circuits(view, a, b, nbytes, transit)
+    keys, pair = unique_inverse(src.astype(np.int64) * span + dst)
+    topo, link = circuits(view, keys // span, keys % span, nbytes, transit)
     planned = Schedule(
-        fabric, topo, demands, tenant, chunk, src, dst,
-        _lookup(a, b, link, src, dst),
+        fabric, topo, demands, tenant, chunk, src, dst, link[pair],
         step.astype(float), step + 0.5, op, engine=engine,
         meta={**meta, "steps": int(step.max()) + 1 if len(step) else 0},
         count=np.ones(len(step)) if count is None else count)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from choreo.arrays import unique_inverse, unique_sorted
+from choreo.arrays import unique_inverse
 from choreo.collectives import Demand
 from choreo.resources import LinkModel, footprint, link_model, share_of_port
 from choreo.schedule import Op, Schedule
@@ -52,11 +52,10 @@ class SimResult:
 
 def durations(schedule: Schedule) -> np.ndarray:
     """alpha + count * chunk_bytes / bandwidth for each transfer on its own link."""
-    topo = schedule.topology
-    alpha = np.array([lk.alpha for lk in topo.links])
-    bw = np.array([lk.bandwidth for lk in topo.links])
+    cols = schedule.topology.columns
     cb = np.array([d.chunk_bytes for d in schedule.demands])
-    return alpha[schedule.link] + schedule.count * cb[schedule.tenant] / bw[schedule.link]
+    return (cols.alpha[schedule.link]
+            + schedule.count * cb[schedule.tenant] / cols.bandwidth[schedule.link])
 
 
 def simulate(schedule: Schedule) -> SimResult:
@@ -68,12 +67,11 @@ def simulate(schedule: Schedule) -> SimResult:
         z = np.zeros(nt)
         return SimResult(np.zeros(0), np.zeros(0), z, 0.0, z.copy(), z.copy(),
                          np.zeros(len(s.topology.links)), np.zeros(len(s.fabric.links)))
-    used = unique_sorted(s.link)
+    used, krow = unique_inverse(s.link)
     model = link_model(s.topology, s.fabric, used)
-    krow = np.searchsorted(used, s.link)
     dur = durations(s)
     slots = _slots(model, len(s.topology.links), len(s.fabric.links))
-    astart, aend = _replay(s.start, s.end, s.ranged, node_atoms(s), dur, krow, slots,
+    astart, aend = _replay(s.start, s.end, node_atoms(s), dur, krow, slots,
                            s.op == Op.REDUCE)
 
     tenant_time = np.zeros(nt)
@@ -204,19 +202,14 @@ def column_atoms(
         cuts, inv = unique_inverse(np.concatenate([src * span + lo, dst * span + lo]))
         return Atoms((every, inv[:m]), (every, inv[m:]), cuts % span,
                      np.ones(len(cuts), dtype=np.int64), cuts // span)
-    hi = lo + count
-    cuts, at = unique_inverse(np.concatenate([src * span + lo, src * span + hi,
-                                              dst * span + lo, dst * span + hi]))
+    import choreo_engine
 
-    def rows(first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        n_atoms = last - first
-        t = np.repeat(every, n_atoms)
-        start = np.repeat(np.cumsum(n_atoms) - n_atoms, n_atoms)
-        return t, np.repeat(first, n_atoms) + np.arange(len(t)) - start
-
+    count = np.ascontiguousarray(count, dtype=np.int64)
+    if m:  # a range past the tenant's chunks (a schedule the verifier refuses) still cuts
+        span = max(span, int((lo + count).max()) + 1)
+    cuts, rt, kr, wt, kw = choreo_engine.ranged_atoms(lo, count, src, dst, span)
     # the last cut of a node ends its atoms; no row refers to it, so its size is moot
-    return Atoms(rows(at[:m], at[m:2 * m]), rows(at[2 * m:3 * m], at[3 * m:]), cuts % span,
-                 np.diff(cuts, append=cuts[-1:]), cuts // span)
+    return Atoms((rt, kr), (wt, kw), cuts % span, np.diff(cuts, append=cuts[-1:]), cuts // span)
 
 
 def replay_exclusive(
@@ -239,7 +232,7 @@ def replay_exclusive(
     start = np.asarray(step, dtype=np.float64)
     atoms = column_atoms([demand.num_chunks], np.zeros(len(start), dtype=np.int64), chunk,
                          src, dst)
-    return _replay(start, start + 0.5, False, atoms, duration, row,
+    return _replay(start, start + 0.5, atoms, duration, row,
                    Slots.exclusive(ptr, links, nlinks), reduce)
 
 
@@ -250,7 +243,6 @@ def _i64(x: np.ndarray) -> np.ndarray:
 def _replay(
     start: np.ndarray,
     end: np.ndarray,
-    ranged: bool,
     atoms: Atoms,
     dur: np.ndarray,
     krow: np.ndarray,
@@ -258,36 +250,20 @@ def _replay(
     reduce: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The one sequential pass over read rows in planned start order (compiled:
-    ``choreo_engine.replay``); dependencies are prefix maxima over arrivals sorted by planned
-    end, so each atom read costs O(1) amortized work, and a transfer is timed at its last
-    read row."""
+    ``choreo_engine.replay``, which also orders the rows by radix sorts); dependencies are
+    prefix maxima over arrivals sorted by planned end, so each atom read costs O(1)
+    amortized work, and a transfer is timed at its last read row."""
     import choreo_engine
 
-    m = len(start)
     (rt, kr), (wt, kw) = atoms.reads, atoms.writes
-    grouped = ranged
     if reduce is not None and reduce.any():  # a REDUCE also reads its destination's atoms
         adds = reduce[wt]
         rt, kr = np.concatenate([rt, wt[adds]]), np.concatenate([kr, kw[adds]])
-        grouped = True
-    thr = start + EPS
-    times = unique_sorted(np.concatenate([end, thr]))
-    big = len(times) + 1
-    cw = kw * big + np.searchsorted(times, end)[wt]
-    arr = np.argsort(cw, kind="stable")
-    cw_sorted = cw[arr]
-    del cw
-    hi = np.searchsorted(cw_sorted, kr * big + np.searchsorted(times, thr)[rt], side="right")
-    first = np.searchsorted(cw_sorted, np.arange(atoms.count, dtype=np.int64) * big)
-    del cw_sorted, times
-    order = np.argsort(start, kind="stable")  # read rows, transfers in planned start order
-    if grouped:  # several read rows per transfer: keep each transfer's rows together
-        rank = np.empty(m, dtype=np.int64)
-        rank[order] = np.arange(m)
-        order = np.argsort(rank[rt], kind="stable")
+    f64 = np.float64
     astart, aend = choreo_engine.replay(
-        m, _i64(rt[order]), _i64(kr[order]), _i64(hi[order]), _i64(first), _i64(wt[arr]),
-        np.ascontiguousarray(dur, dtype=np.float64), _i64(krow), _i64(slots.wait_ptr),
+        np.ascontiguousarray(start, dtype=f64), np.ascontiguousarray(end, dtype=f64),
+        _i64(rt), _i64(kr), _i64(wt), _i64(kw), atoms.count, EPS,
+        np.ascontiguousarray(dur, dtype=f64), _i64(krow), _i64(slots.wait_ptr),
         _i64(slots.wait), _i64(slots.update_ptr), _i64(slots.update), slots.count,
     )
     return np.asarray(astart), np.asarray(aend)

@@ -16,6 +16,8 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
 from choreo.errors import InputError
 
 # The largest fabric choreo builds, from a generator or a file: anything larger is refused before
@@ -50,6 +52,18 @@ class Link:
     def cost(self, nbytes: float) -> float:
         """Time to move ``nbytes`` over this link alone: alpha + beta * n."""
         return self.alpha + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class LinkColumns:
+    """A topology's links as arrays, one entry per link: what the hot paths read whole
+    (routing costs, a simulation's durations, usable links) instead of a Link at a time."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    alpha: np.ndarray
+    bandwidth: np.ndarray
+    usable: np.ndarray  # healthy, both ends alive
 
 
 @dataclass(frozen=True)
@@ -135,6 +149,21 @@ class Topology:
                 if link.dst != link.src:
                     out[link.dst].append(i)
         return tuple(tuple(x) for x in out)
+
+    @cached_property
+    def columns(self) -> LinkColumns:
+        """The links as arrays, built once per topology (and per health: ``with_health``
+        makes a new one)."""
+        links = self.links
+        src = np.fromiter((lk.src for lk in links), dtype=np.int64, count=len(links))
+        dst = np.fromiter((lk.dst for lk in links), dtype=np.int64, count=len(links))
+        dead = np.zeros(len(self.kinds), dtype=bool)
+        dead[list(self.failed)] = True
+        healthy = np.fromiter((lk.healthy for lk in links), dtype=bool, count=len(links))
+        return LinkColumns(
+            src, dst, np.fromiter((lk.alpha for lk in links), dtype=np.float64, count=len(links)),
+            np.fromiter((lk.bandwidth for lk in links), dtype=np.float64, count=len(links)),
+            healthy & ~dead[src] & ~dead[dst])
 
     def is_npu(self, node: int) -> bool:
         return self.kinds[node] is NodeKind.NPU

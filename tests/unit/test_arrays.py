@@ -41,3 +41,14 @@ def test_unique_inverse_is_numpys_unique_with_inverse(values: np.ndarray) -> Non
 def test_unique_inverse_refuses_floats() -> None:
     with pytest.raises(TypeError, match="integer values only"):
         unique_inverse(np.array([0.5, 1.5]))
+
+
+@given(hnp.arrays(np.int64, st.integers(0, 300),
+                  elements=st.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max)))
+def test_unique_inverse_over_the_whole_int64_range(values: np.ndarray) -> None:
+    """The compiled radix sort: negative values, keys wider than one digit, long ties."""
+    values = np.concatenate([values, values[: len(values) // 2]])
+    distinct, inverse = unique_inverse(values)
+    want, want_inverse = np.unique(values, return_inverse=True)
+    assert np.array_equal(distinct, want)
+    assert np.array_equal(inverse, want_inverse)

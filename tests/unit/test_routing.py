@@ -4,6 +4,7 @@ for routing (which ``choreo.nccl.loads`` still uses for its settle order)."""
 import random
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from choreo.collectives import Collective, Demand
@@ -14,7 +15,7 @@ from choreo.railgather import rail_gather
 from choreo.routing import Router, route
 from choreo.schedule import Schedule
 from choreo.topology import Topology
-from choreo.transforms import degrade_link
+from choreo.transforms import degrade_link, fail_links, fail_npus
 from choreo.verify import verify
 
 
@@ -67,3 +68,32 @@ def test_fixed_plans_keep_sends_off_other_gpus_when_a_rail_link_is_slow(
     for k in set(s.link.tolist()):
         hops = s.topology.links[k].via
         assert len(hops) == 2 and not slow.is_npu(slow.links[hops[0]].dst)
+
+
+@pytest.mark.parametrize("transit", [True, False])
+def test_the_search_graph_is_the_fabrics_usable_out_links_in_link_order(transit: bool) -> None:
+    """The router's graph, built from the fabric's link columns, is each node's usable
+    out-links in link order (a failed GPU's and a broken link's left out), with the
+    chunk's cost, and into an NPU's sink copy where sends may not pass through it."""
+    fabric = fail_links(fail_npus(build("dgx-h100-4"), [3]), [(9, 33)])
+    router = Router(fabric, 1 << 20, transit)
+    n = fabric.num_nodes
+    sink = [v + n if not transit and fabric.is_npu(v) else v for v in range(n)]
+    want = [[(i, sink[fabric.links[i].dst], fabric.links[i].alpha
+              + (1 << 20) / fabric.links[i].bandwidth)
+             for i in fabric.out_links(v) if fabric.usable(i)] for v in range(n)]
+    assert router.adj == want + [[] for _ in range(0 if transit else n)]
+
+
+def test_a_routed_topology_carries_the_columns_its_links_give() -> None:
+    fabric = fail_npus(build("dgx-h100-4"), [3])
+    npus = [v for v in fabric.npus if v not in fabric.failed]
+    pairs = {(a, b) for a in npus for b in npus if a != b}
+    topo, _ = route(fabric, pairs, 1 << 20)
+    assert len(topo.links) > len(fabric.links)
+    fresh = Topology(topo.name, topo.kinds, topo.links, topo.failed, topo.names, topo.dims,
+                     topo.reducing)
+    for name in ("src", "dst", "alpha", "bandwidth", "usable"):
+        assert np.array_equal(getattr(topo.columns, name), getattr(fresh.columns, name)), name
+    assert not fresh.columns.usable[[i for i, lk in enumerate(topo.links)
+                                     if 3 in (lk.src, lk.dst)]].any()

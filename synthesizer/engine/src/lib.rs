@@ -6,6 +6,7 @@ pub mod bitset;
 pub mod greedy;
 pub mod lowering;
 pub mod paths;
+pub mod radix;
 pub mod rangeflow;
 pub mod replay;
 

@@ -9,8 +9,9 @@ use crate::arborescence;
 use crate::greedy::{synthesize_best, Options, Problem};
 use crate::lowering::{self, LowerError};
 use crate::paths::{self, Graph};
+use crate::radix;
 use crate::rangeflow::{self, Demand, Flow};
-use crate::replay::{self as sim, Pass};
+use crate::replay as sim;
 
 fn vec<T: numpy::Element + Copy>(a: &PyReadonlyArray1<T>) -> Vec<T> {
     a.as_array().to_vec()
@@ -191,23 +192,26 @@ fn lower_tenant<'py>(
 
 type Times<'py> = Bound<'py, numpy::PyArray1<f64>>;
 
-/// The simulator's sequential pass (see `replay.rs`): actual start and end per transfer.
+/// The congestion simulator's pass (see `replay.rs`) over a schedule's read and write rows:
+/// actual (start, end) of every transfer.
 ///
 /// Raises ValueError when an index is out of range.
 #[pyfunction]
 #[pyo3(signature = (
-    transfers, read_transfer, read_atom, read_hi, atom_first, writer, duration, row,
-    wait_ptr, wait_slot, update_ptr, update_slot, slots
+    start, end, read_transfer, read_atom, write_transfer, write_atom, atoms, eps,
+    duration, row, wait_ptr, wait_slot, update_ptr, update_slot, slots
 ))]
 #[allow(clippy::too_many_arguments)]
 fn replay<'py>(
     py: Python<'py>,
-    transfers: usize,
+    start: PyReadonlyArray1<'py, f64>,
+    end: PyReadonlyArray1<'py, f64>,
     read_transfer: PyReadonlyArray1<'py, i64>,
     read_atom: PyReadonlyArray1<'py, i64>,
-    read_hi: PyReadonlyArray1<'py, i64>,
-    atom_first: PyReadonlyArray1<'py, i64>,
-    writer: PyReadonlyArray1<'py, i64>,
+    write_transfer: PyReadonlyArray1<'py, i64>,
+    write_atom: PyReadonlyArray1<'py, i64>,
+    atoms: usize,
+    eps: f64,
     duration: PyReadonlyArray1<'py, f64>,
     row: PyReadonlyArray1<'py, i64>,
     wait_ptr: PyReadonlyArray1<'py, i64>,
@@ -216,12 +220,17 @@ fn replay<'py>(
     update_slot: PyReadonlyArray1<'py, i64>,
     slots: usize,
 ) -> PyResult<(Times<'py>, Times<'py>)> {
-    let pass = Pass {
+    let rows = sim::Rows {
+        start: start.as_slice()?,
+        end: end.as_slice()?,
         read_transfer: read_transfer.as_slice()?,
         read_atom: read_atom.as_slice()?,
-        read_hi: read_hi.as_slice()?,
-        atom_first: atom_first.as_slice()?,
-        writer: writer.as_slice()?,
+        write_transfer: write_transfer.as_slice()?,
+        write_atom: write_atom.as_slice()?,
+        atoms,
+        eps,
+    };
+    let costs = sim::Costs {
         duration: duration.as_slice()?,
         row: row.as_slice()?,
         wait_ptr: wait_ptr.as_slice()?,
@@ -230,8 +239,41 @@ fn replay<'py>(
         update_slot: update_slot.as_slice()?,
         slots,
     };
-    let (start, end) = py.detach(|| sim::replay(&pass, transfers)).map_err(PyValueError::new_err)?;
+    let (start, end) = py.detach(|| sim::replay(&rows, &costs)).map_err(PyValueError::new_err)?;
     Ok((start.into_pyarray(py), end.into_pyarray(py)))
+}
+
+/// The atoms of ranged transfers (see `replay::ranged_atoms`): (cuts, read_transfer,
+/// read_atom, write_transfer, write_atom).
+///
+/// Raises ValueError when a range or node is out of range.
+#[pyfunction]
+fn ranged_atoms<'py>(
+    py: Python<'py>,
+    lo: PyReadonlyArray1<'py, i64>,
+    count: PyReadonlyArray1<'py, i64>,
+    src: PyReadonlyArray1<'py, i64>,
+    dst: PyReadonlyArray1<'py, i64>,
+    span: i64,
+) -> PyResult<(Ids<'py>, Ids<'py>, Ids<'py>, Ids<'py>, Ids<'py>)> {
+    let (lo, count, src, dst) = (lo.as_slice()?, count.as_slice()?, src.as_slice()?, dst.as_slice()?);
+    let a = py.detach(|| sim::ranged_atoms(lo, count, src, dst, span)).map_err(PyValueError::new_err)?;
+    Ok((
+        a.cuts.into_pyarray(py),
+        a.read_transfer.into_pyarray(py),
+        a.read_atom.into_pyarray(py),
+        a.write_transfer.into_pyarray(py),
+        a.write_atom.into_pyarray(py),
+    ))
+}
+
+/// Distinct integers ascending and each value's index among them (``np.unique`` with
+/// ``return_inverse``), by a radix sort.
+#[pyfunction]
+fn unique_inverse<'py>(py: Python<'py>, values: PyReadonlyArray1<'py, i64>) -> PyResult<(Ids<'py>, Ids<'py>)> {
+    let values = values.as_slice()?;
+    let (distinct, inverse) = py.detach(|| radix::unique_inverse(values));
+    Ok((distinct.into_pyarray(py), inverse.into_pyarray(py)))
 }
 
 type Ids<'py> = Bound<'py, numpy::PyArray1<i64>>;
@@ -390,6 +432,8 @@ fn choreo_engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(lower_tenant, m)?)?;
     m.add_function(wrap_pyfunction!(replay, m)?)?;
     m.add_function(wrap_pyfunction!(shortest_paths, m)?)?;
+    m.add_function(wrap_pyfunction!(unique_inverse, m)?)?;
+    m.add_function(wrap_pyfunction!(ranged_atoms, m)?)?;
     m.add_function(wrap_pyfunction!(rangeflow_replay, m)?)?;
     m.add_function(wrap_pyfunction!(min_arborescences, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
