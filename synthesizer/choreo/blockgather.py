@@ -21,9 +21,10 @@ Every NIC carries its host's inbound bytes once and evenly (the NIC bound), ever
 crosses each NVSwitch port once (the port bound), a rank talks to ``mates - 1 + sum(r - 1)``
 peers, and the plan has about ``ranks x mates x levels`` transfers: 1.6 M at 16,384 GPUs.
 Large pieces go in sub-pieces, so the forwards of one overlap the rail send of the next.
-ReduceScatter is the same plan on reversed links, inverted in time. Sends are tagged with
-their start in a per-level estimate, routed on the fabric and timed by the congestion
-simulator, like the other fixed plans.
+ReduceScatter is the same plan on reversed links, inverted in time; an AllReduce is its
+ReduceScatter, then its AllGather, in one program. Sends are tagged with their start in a
+per-level estimate, routed on the fabric and timed by the congestion simulator, like the
+other fixed plans.
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ from choreo.schedule import Schedule
 from choreo.topology import Topology
 
 ENGINE = "block-gather"
-COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER)
+COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 # Sub-pieces a rank's rail sends of one level are cut into, at most: each costs a rail
 # alpha and saves forwarding time at the level's end.
 MAX_SUB_PIECES = 16
-# Transfers of one demand's plan, at most, as long as every level has one piece: what the
-# simulator and the verifier go through in a few seconds (about 3-5 us each).
+# Transfers of one phase of a demand's plan, at most, as long as every level has one piece:
+# what the simulator and the verifier go through in a few seconds (about 3-5 us each).
 MAX_TRANSFERS = 2_000_000
 
 
@@ -85,13 +86,13 @@ class Level:
 
 
 def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: Hop,
-           ranks: int, nested: bool = False) -> list[Level]:
+           ranks: int, nested: bool = False, max_steps: int = MAX_HOST_STEPS) -> list[Level]:
     """The levels, smallest radix first, each with its sub-pieces: one more where it saves
     the most estimated time (a rail alpha per partner more, against the forwarding the
     plan waits for after the level's last arrival, on the NVSwitch port: at the top level
     ``mates - 1`` sends of a sub-piece; below it only the ``r`` to the next level's
     senders, which go first and let their rail sends go on) while the plan stays within
-    ``MAX_TRANSFERS`` and a node's file within ``MAX_HOST_STEPS``.
+    ``MAX_TRANSFERS`` and a node's file within ``max_steps``.
 
     ``nested``: sub-pieces of whole shards, with every range size of the plan dividing the
     next larger one (the next finer such cut where it saves the most a transfer), so any
@@ -150,7 +151,7 @@ def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: H
             if gain <= 0:
                 break
             was, subs[k] = subs[k], n
-            if transfers() <= MAX_TRANSFERS and host_steps() <= MAX_HOST_STEPS:
+            if transfers() <= MAX_TRANSFERS and host_steps() <= max_steps:
                 applied = True
                 break
             subs[k] = was
@@ -163,7 +164,7 @@ def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: H
         if gain <= 0:
             break
         subs[k] += 1
-        if transfers() > MAX_TRANSFERS or host_steps() > MAX_HOST_STEPS:
+        if transfers() > MAX_TRANSFERS or host_steps() > max_steps:
             subs[k] -= 1
             break
     return [Level(r, g, s) for (r, g), s in zip(shape, subs, strict=True)]
@@ -222,9 +223,11 @@ def timeline(levels_: Sequence[Level], mates: int, chunks: int, shard: float, ho
     return sends, start
 
 
-def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.ndarray:
+def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop,
+         reduced: bool = False) -> np.ndarray:
     """AllGather sends in rank space: rows of (estimated start, estimated seconds, src
-    rank, dst rank, first chunk, chunk count). Every host runs the same timeline."""
+    rank, dst rank, first chunk, chunk count); ``reduced``: with the levels of a
+    ReduceScatter (``phase`` inverts it). Every host runs the same timeline."""
     mates, nh, c = len(hosts[0]), len(hosts), demand.chunks
     ranks = np.asarray(hosts, dtype=np.int64)  # [host, slot] -> rank index
     h_idx = np.arange(nh)
@@ -239,7 +242,11 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
     def add_around_own(at: float, secs: float, src: np.ndarray, dst: np.ndarray,
                        lo: np.ndarray, count: int) -> None:
         """A range that may hold the sender's own shard, in up to three sends: a rank
-        reads its own shard from its input buffer and the rest from its output."""
+        reads its own shard from its input buffer and the rest from its output (an
+        AllReduce's whole range lies in one buffer, so it goes in one send)."""
+        if whole:
+            add(at, secs, src, dst, lo, count)
+            return
         hi = lo + count
         own_lo, own_hi = np.clip(src * c, lo, hi), np.clip(src * c + c, lo, hi)
         for a, b in ((lo, own_lo), (own_lo, own_hi), (own_hi, hi)):
@@ -247,7 +254,8 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop) -> np.nda
             if keep.any():
                 add(at, secs, src[keep], dst[keep], a[keep], (b - a)[keep])
 
-    lvs, sends, _ = _timeline_of(demand, hosts, host, rail)
+    whole = demand.collective is Collective.ALLREDUCE
+    lvs, sends, _ = _timeline_of(demand, hosts, host, rail, reduced)
     order = piece_orders(tuple(lv.radix for lv in lvs), mates)
     for x in sends:
         if x.level < 0:
@@ -367,48 +375,66 @@ def _assignment(cost: list[list[int]]) -> list[int]:
     return result
 
 
+def phases(demand: Demand) -> tuple[bool, ...]:
+    """The plan's phases in order, each reduced (a ReduceScatter) or not (an AllGather)."""
+    if demand.collective is Collective.ALLREDUCE:
+        return (True, False)
+    return (demand.collective is Collective.REDUCESCATTER,)
+
+
 def block_transfers(demand: Demand, hosts: list[list[int]]) -> int:
     """Transfers the plan for ``demand`` on ``hosts`` (``block_layout``'s) has at least
-    (one piece a level): each rank's shard to its mates, and a level's rail send and its
-    forwards per partner group."""
+    (one piece a level): per phase, each rank's shard to its mates, and a level's rail
+    send and its forwards per partner group."""
     mates = len(hosts[0])
-    return demand.n * (mates - 1 + mates * sum(r - 1 for r in radices(len(hosts))))
+    per_phase = demand.n * (mates - 1 + mates * sum(r - 1 for r in radices(len(hosts))))
+    return per_phase * len(phases(demand))
 
 
-def estimate(fabric: Topology, demand: Demand, hosts: list[list[int]]) -> float:
-    """The plan's estimated time for ``demand`` alone on ``hosts`` (``block_layout``'s)."""
-    return _timeline_of(demand, hosts, *hops(fabric, demand.ranks))[2]
+def estimate(fabric: Topology, demand: Demand, hosts: list[list[int]],
+             costs: tuple[Hop, Hop] | None = None) -> float:
+    """The plan's estimated time for ``demand`` alone on ``hosts`` (``block_layout``'s):
+    its phases one after the other. ``costs``: ``hops``'s, found already."""
+    host, rail = costs or hops(fabric, demand.ranks)
+    return sum(_timeline_of(demand, hosts, host, rail, reduced)[2]
+               for reduced in phases(demand))
 
 
-def _timeline_of(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop
-                 ) -> tuple[list[Level], list[Send], float]:
-    """The demand's levels (nested sub-pieces for a ReduceScatter), sends and estimated
+def _timeline_of(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop,
+                 reduced: bool) -> tuple[list[Level], list[Send], float]:
+    """One phase's levels (nested sub-pieces where ``reduced``), sends and estimated
     end."""
     mates, c = len(hosts[0]), max(1, demand.chunks)
     shard = demand.size / demand.n
-    lvs = levels(len(hosts), mates, c, shard, host, rail, demand.n,
-                 demand.collective is Collective.REDUCESCATTER)
+    lvs = levels(len(hosts), mates, c, shard, host, rail, demand.n, reduced)
     sends, end = timeline(lvs, mates, c, shard, host, rail)
     return lvs, sends, end
 
 
 def block_gather(fabric: Topology, demands: Sequence[Demand],
-                 layouts: Sequence[list[list[int]] | None] | None = None) -> Schedule:
+                 layouts: Sequence[list[list[int]] | None] | None = None,
+                 costs: Sequence[tuple[Hop, Hop]] | None = None) -> Schedule:
     """Every demand's block-doubling plan, routed on ``fabric`` and simulated jointly, as
-    the rail plan is (``railgather.lay_out``); ``layouts``: ``block_layout``'s, found
-    already."""
+    the rail plan is (``railgather.lay_out``); ``layouts`` and ``costs``: ``block_layout``'s
+    and ``hops``'s, found already (each costs a pass over the ranks' links)."""
     if layouts is None:
         layouts = [block_layout(fabric, d) for d in demands]
+
     planned: list[Demand] = []
     rows: list[np.ndarray] = []
     for t, (d, hosts) in enumerate(zip(demands, layouts, strict=True)):
         if hosts is None:
-            raise InputError(f"tenants[{t}]: the block plan needs an AllGather or "
-                             "ReduceScatter over hosts alike on rails, each host's ranks "
-                             "consecutive")
-        host, rail = hops(fabric, d.ranks)
+            raise InputError(f"tenants[{t}]: the block plan needs an AllGather, "
+                             "ReduceScatter or AllReduce over hosts alike on rails, each "
+                             "host's ranks consecutive")
+        host, rail = costs[t] if costs else hops(fabric, d.ranks)
         d = replace(d, chunks=max(1, d.chunks))
         planned.append(d)
-        rows.append(phase(plan(d, hosts, host, rail),
-                          d.collective is Collective.REDUCESCATTER))
+        parts, offset = [], 0.0
+        for reduced in phases(d):  # an AllReduce's AllGather starts where its RS ends
+            part = phase(plan(d, hosts, host, rail, reduced), reduced)
+            part[:, 0] += offset
+            offset = float((part[:, 0] + part[:, 1]).max())
+            parts.append(part)
+        rows.append(np.concatenate(parts))
     return lay_out(fabric, planned, rows, ENGINE, {"engine": ENGINE})

@@ -493,16 +493,26 @@ def hop_costs(view: Topology, hosts: list[list[tuple[int, int]]], owners: list[l
     return costs[0], costs[1]
 
 
-def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = False) -> Schedule:
-    """Every demand's hierarchical AllReduce, routed on ``fabric`` and simulated jointly
-    (tenants that share links delay each other exactly as the simulator says). Each demand is
-    cut into the slices ``slicing`` picks, with the chunks per piece it picks (at least those
-    asked for, and every slice whole chunks)."""
+@dataclass(frozen=True)
+class Planned:
+    """One demand's hierarchical plan before it is laid out: its hosts, rails, port costs,
+    levels and slices, and its estimated time alone (``timeline``'s end)."""
+
+    demand: Demand
+    hosts: list[list[tuple[int, int]]]
+    railed: set[int]
+    host: Hop
+    rail: Hop
+    shape: Shape
+    slices: Slices
+    estimate: float
+
+
+def shaped(fabric: Topology, demands: Sequence[Demand], relay: bool = False) -> list[Planned]:
+    """Every demand's levels and slices (``best_shape``) and estimate: what ``hierarchical``
+    lays out, and what other plans for the same demands are weighed against."""
     view = restrict(fabric, {r for d in demands for r in d.ranks}, relay)
-    planned: list[Demand] = []
-    sliced: list[list[int]] = []
-    rails: list[list[int]] = []
-    cols: list[np.ndarray] = []
+    out = []
     for t, d in enumerate(demands):
         hosts = hosts_of(fabric, d.ranks)
         if hosts is None or d.collective is not Collective.ALLREDUCE or len(hosts) < 2:
@@ -516,12 +526,26 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
         shape, slices = best_shape(
             Shape(parts, len(hosts), max(len(m) for m in hosts), owned=owned),
             d.size / parts, host, rail, d.n, d.chunks)
-        weights = slices.weights
-        d = replace(d, chunks=slices.chunks)
-        planned.append(d)
-        sliced.append(list(weights))
-        rails.append(list(shape.radices))
-        sends = plan(d, hosts, weights, host, rail, railed, shape.radices)
+        end = timeline(shape, slices.weights, d.size / parts, host, rail,
+                       d.n * slices.chunks / parts).end
+        out.append(Planned(replace(d, chunks=slices.chunks), hosts, railed, host, rail, shape,
+                           slices, end))
+    return out
+
+
+def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = False,
+                 planned: Sequence[Planned] | None = None) -> Schedule:
+    """Every demand's hierarchical AllReduce, routed on ``fabric`` and simulated jointly
+    (tenants that share links delay each other exactly as the simulator says). Each demand is
+    cut into the slices ``slicing`` picks, with the chunks per piece it picks (at least those
+    asked for, and every slice whole chunks). ``planned``: ``shaped``'s, found already."""
+    view = restrict(fabric, {r for d in demands for r in d.ranks}, relay)
+    if planned is None:
+        planned = shaped(fabric, demands, relay)
+    cols: list[np.ndarray] = []
+    for t, p in enumerate(planned):
+        d = p.demand
+        sends = plan(d, p.hosts, p.slices.weights, p.host, p.rail, p.railed, p.shape.radices)
         rows = np.asarray(sends.rows, dtype=np.float64).reshape(-1, 6)
         ranks = np.asarray(d.ranks, dtype=np.int64)
         ints = rows[:, 1:].astype(np.int64)
@@ -532,11 +556,13 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
     # Steps in order of estimated start (one tenant's estimate cannot order another's).
     step = np.unique(at, return_inverse=True)[1].astype(np.int64)
     tenant, src, dst, chunk, count, op = table[:, [0, 2, 3, 4, 5, 6]].T.astype(np.int64)
-    part_bytes = max(d.size for d in planned) / 8  # routes are chosen for a part's range
+    part_bytes = max(p.demand.size for p in planned) / 8  # routes are chosen for a part's range
+    meta: dict[str, object] = {"engine": ENGINE,
+                               "slices": [list(p.slices.weights) for p in planned],
+                               "radices": [list(p.shape.radices) for p in planned]}
     return _direct(lambda transit: timed_plan(
-        fabric, view, tuple(planned), part_bytes, tenant, step, src, dst, chunk, op, count,
-        engine=ENGINE, meta={"engine": ENGINE, "slices": sliced, "radices": rails},
-        transit=transit))
+        fabric, view, tuple(p.demand for p in planned), part_bytes, tenant, step, src, dst,
+        chunk, op, count, engine=ENGINE, meta=meta, transit=transit))
 
 
 def _direct(routed: Callable[[bool], T]) -> T:

@@ -26,7 +26,7 @@ from choreo.cli import main
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.generators import build
-from choreo.hierarchy import MAX_HOST_STEPS, busiest_host_steps
+from choreo.hierarchy import MAX_HOST_STEPS, busiest_host_steps, shaped
 from choreo.msccl import interpret, layout
 from choreo.msccl.api import to_xml
 from choreo.msccl.buckets import plan_files
@@ -199,7 +199,7 @@ def test_reduce_scatter_sub_pieces_nest(hosts: int, chunks: int) -> None:
 
 
 def test_where_it_does_not_apply() -> None:
-    fabric, demand = _all("dgx-h100-4", Collective.ALLREDUCE)
+    fabric, demand = _all("dgx-h100-4", Collective.ALLTOALL)
     assert block_layout(fabric, demand) is None
     fabric, demand = _all("dgx-h100-23", Collective.ALLGATHER)  # a prime above the radices
     assert block_layout(fabric, demand) is None
@@ -209,7 +209,7 @@ def test_where_it_does_not_apply() -> None:
     failed = fail_npus(fabric, [3])
     assert block_layout(failed, Demand(Collective.ALLGATHER, tuple(failed.npus), GIB)) is None
     with pytest.raises(InputError, match="block plan"):
-        block_gather(fabric, [Demand(Collective.ALLREDUCE, tuple(fabric.npus), GIB)])
+        block_gather(fabric, [Demand(Collective.ALLTOALL, tuple(fabric.npus), GIB)])
 
 
 def test_synthesize_takes_it_where_the_rail_plan_does_not_fit(
@@ -285,3 +285,57 @@ def test_a_block_plan_past_free_memory_is_refused_before_it_is_built(
     monkeypatch.setattr(synth, "_available_memory", lambda: 256 << 10)  # 1,984 x 150 B over
     with pytest.raises(InputError, match=r"block plan, which needs fewer, needs 1,984 "):
         synthesize(fabric, [demand], SynthOptions(relay=False, large_tenant=32))
+
+
+def test_an_allreduce_is_its_reduce_scatter_then_its_all_gather() -> None:
+    """Every reduce ends before the first copy starts (the AllGather starts where the
+    ReduceScatter ends, in the estimate and so in the simulated order), each phase moves
+    what its collective alone would, and the ReduceScatter phase's levels nest."""
+    fabric, demand = _all("dgx-h100-8", Collective.ALLREDUCE)
+    s = block_gather(fabric, [demand])
+    assert verify(s).ok
+    reduce = s.op == 1
+    assert reduce.any() and (~reduce).any()
+    assert s.end[reduce].max() <= s.start[~reduce].min() + 1e-12
+    alone = {c: len(block_gather(fabric, [replace(demand, collective=c)]))
+             for c in (Collective.REDUCESCATTER, Collective.ALLGATHER)}
+    # the AllGather alone cuts rail sends around the sender's own shard (two buffers)
+    assert int(reduce.sum()) == alone[Collective.REDUCESCATTER]
+    assert int((~reduce).sum()) <= alone[Collective.ALLGATHER]
+    hosts = block_layout(fabric, demand)
+    assert hosts is not None
+    assert blockgather.block_transfers(demand, hosts) == 2 * blockgather.block_transfers(
+        replace(demand, collective=Collective.ALLGATHER), hosts)
+
+
+def test_large_allreduce_takes_the_plan_with_the_lower_estimate() -> None:
+    """Above ``large_tenant`` ranks an AllReduce gets the hierarchical plan or the block
+    plan, whichever is estimated faster (the block estimate lies above its simulated time,
+    the hierarchical one is the simulator's where hosts are alike): on dgx-h100-8 with the
+    threshold lowered the hierarchical plan wins, as it does at 1,024 GPUs; the block plan
+    wins only where levels are many (thousands of hosts)."""
+    fabric, demand = _all("dgx-h100-8", Collective.ALLREDUCE)
+    opts = SynthOptions(relay=False, large_tenant=16)
+    planned = shaped(fabric, [demand])[0]
+    hosts = block_layout(fabric, demand)
+    assert hosts is not None
+    assert estimate(fabric, demand, hosts) > planned.estimate
+    s = synthesize(fabric, [demand], opts)
+    assert s.engine == "rail-hierarchical" and s.makespan == pytest.approx(planned.estimate)
+
+
+@pytest.mark.slow
+def test_thousands_of_hosts_take_the_block_allreduce() -> None:
+    """2,048 hosts of two GPUs: eleven rail levels, where the block plan's estimate beats
+    the hierarchical plan's, so synthesis lays out the block plan; verified, and simulated
+    no slower than the hierarchical estimate it was chosen over."""
+    fabric = build("switch2d-2x2048")
+    demand = Demand(Collective.ALLREDUCE, tuple(fabric.npus), 256 << 20, 1)
+    hosts = block_layout(fabric, demand)
+    assert hosts is not None
+    planned = shaped(fabric, [demand])[0]
+    assert estimate(fabric, demand, hosts) < planned.estimate
+    s = synthesize(fabric, [demand], SynthOptions(relay=False))
+    assert s.engine == blockgather.ENGINE
+    assert s.makespan <= planned.estimate
+    assert verify(s).ok
