@@ -119,15 +119,9 @@ def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: H
         return ranks * (mates - 1 + sum((r - 1) * s * mates
                                         for (r, _), s in zip(shape, subs, strict=True)))
 
-    def host_steps() -> int:
-        """MSCCL steps of one host's ranks: a send and its receive per ``MAX_CNT`` chunks
-        of each range (as ``busiest_host_steps`` counts them), and two more a level
-        where a rail send goes around the sender's own shard."""
-        sends = mates - 1
-        for (r, g), s in zip(shape, subs, strict=True):
-            sends += (r - 1) * sum(math.ceil(size / MAX_CNT)
-                                   for _, size in _cuts(0, g * chunks, s)) * mates + 2
-        return 2 * mates * sends
+    def steps() -> int:
+        return host_steps([Level(r, g, n) for (r, g), n in zip(shape, subs, strict=True)],
+                          mates, chunks)
 
     def nests(k: int, n: int) -> bool:
         """Level ``k`` cut in ``n`` sub-pieces of whole shards, with every range size of the
@@ -151,7 +145,7 @@ def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: H
             if gain <= 0:
                 break
             was, subs[k] = subs[k], n
-            if transfers() <= MAX_TRANSFERS and host_steps() <= max_steps:
+            if transfers() <= MAX_TRANSFERS and steps() <= max_steps:
                 applied = True
                 break
             subs[k] = was
@@ -164,10 +158,21 @@ def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: H
         if gain <= 0:
             break
         subs[k] += 1
-        if transfers() > MAX_TRANSFERS or host_steps() > max_steps:
+        if transfers() > MAX_TRANSFERS or steps() > max_steps:
             subs[k] -= 1
             break
     return [Level(r, g, s) for (r, g), s in zip(shape, subs, strict=True)]
+
+
+def host_steps(levels_: Sequence[Level], mates: int, chunks: int) -> int:
+    """MSCCL steps of one host's ranks in one phase: a send and its receive per ``MAX_CNT``
+    chunks of each range (as ``busiest_host_steps`` counts them), and two more a level
+    where a rail send goes around the sender's own shard."""
+    sends = mates - 1
+    for lv in levels_:
+        pieces = _cuts(0, lv.group * chunks, lv.subs)
+        sends += (lv.radix - 1) * sum(math.ceil(size / MAX_CNT) for _, size in pieces) * mates + 2
+    return 2 * mates * sends
 
 
 def _cuts(lo: int, size: int, parts: int) -> list[tuple[int, int]]:
@@ -282,7 +287,7 @@ def plan(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop,
                         else table[(digit - x.origin) % r, x.turn - 1, u])
                 add(x.at, x.seconds, ranks[:, u], ranks[h_idx, mate], first, x.size)
     counts = [n for _, _, n in times]
-    out = np.empty((sum(counts), 6))
+    out = np.empty((sum(counts), 6), order="F")  # filled, and read, a column at a time
     out[:, 0] = np.repeat([at for at, _, _ in times], counts)
     out[:, 1] = np.repeat([secs for _, secs, _ in times], counts)
     for k in range(4):
@@ -406,7 +411,13 @@ def _timeline_of(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop,
     end."""
     mates, c = len(hosts[0]), max(1, demand.chunks)
     shard = demand.size / demand.n
-    lvs = levels(len(hosts), mates, c, shard, host, rail, demand.n, reduced)
+    # An AllReduce's two phases share its node's file: half the budget each, where one
+    # piece a level fits in half (thousands of hosts: it does not, and the file goes over
+    # one ConfigMap as plain text whatever the pieces, so each phase takes what it saves)
+    budget = MAX_HOST_STEPS // len(phases(demand))
+    lvs = levels(len(hosts), mates, c, shard, host, rail, demand.n, reduced, budget)
+    if host_steps(lvs, mates, c) > budget:
+        lvs = levels(len(hosts), mates, c, shard, host, rail, demand.n, reduced)
     sends, end = timeline(lvs, mates, c, shard, host, rail)
     return lvs, sends, end
 
@@ -436,5 +447,5 @@ def block_gather(fabric: Topology, demands: Sequence[Demand],
             part[:, 0] += offset
             offset = float((part[:, 0] + part[:, 1]).max())
             parts.append(part)
-        rows.append(np.concatenate(parts))
+        rows.append(np.concatenate(parts) if len(parts) > 1 else parts[0])
     return lay_out(fabric, planned, rows, ENGINE, {"engine": ENGINE})

@@ -382,7 +382,7 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand],
 def phase(rows: np.ndarray, reduced: bool) -> np.ndarray:
     """An AllGather plan's rows (``plan``'s columns) with their op appended; ``reduced``:
     reversed and inverted in time, its ReduceScatter."""
-    out = np.empty((len(rows), 7))
+    out = np.empty((len(rows), 7), order="F")  # written and read a column at a time
     if reduced:
         np.subtract(float((rows[:, 0] + rows[:, 1]).max()), rows[:, 0], out=out[:, 0])
         out[:, 0] -= rows[:, 1]

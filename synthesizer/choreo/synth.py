@@ -75,6 +75,10 @@ RAIL_MARGIN = 1.1
 # estimate waits for each level to end, which the simulated plan does not (dgx-h100-128:
 # 3.30 ms estimated, 3.10 ms simulated).
 BLOCK_MARGIN = 1.1
+# The block AllReduce is laid out where its estimate is this far below the hierarchical
+# plan's: where its levels overlap little its estimate can fall under its simulated time by
+# up to 1% (dgx-h100-35, 1 GiB: 6.094 ms estimated, 6.105 ms simulated).
+BLOCK_ALLREDUCE_EDGE = 0.98
 
 
 @dataclass(frozen=True)
@@ -230,11 +234,13 @@ def _hierarchical_or_block(fabric: Topology, demands: tuple[Demand, ...],
                            opts: SynthOptions) -> Schedule:
     """Large AllReduce tenants: the hierarchical plan, or the block plan's ReduceScatter then
     AllGather where every tenant has its layout, its transfers fit in memory, and its
-    estimate beats the hierarchical plan's. The block estimate waits for each level to end
-    and lies above its simulated time, the hierarchical one is the simulator's own where
-    hosts are alike, so only one plan is laid out: at thousands of hosts each takes
-    seconds, and the hierarchical plan's rail phase there is many levels deep with too few
-    slices to hide its host phases (16,384 GPUs, 1 GiB: 7.29 ms against 11.1 ms)."""
+    estimate beats the hierarchical plan's by ``BLOCK_ALLREDUCE_EDGE``. The block estimate
+    waits for each level to end (near or above its simulated time), the hierarchical one is
+    the simulator's own where hosts are alike, so only one plan is laid out: at thousands
+    of hosts each takes seconds. The block plan wins where the hierarchical plan's rail
+    phase has a wide level (a prime factor such as 11 or 17 of the host count: dgx-h100-34,
+    1 GiB, 6.06 against 6.75 ms) or many levels with too few slices to hide its host phases
+    (16,384 GPUs, 1 GiB: 7.29 against 10.96 ms)."""
     planned = shaped(fabric, demands, opts.relay)
     if opts.rail_gather:
         found = [block_layout(fabric, d) for d in demands]
@@ -245,7 +251,7 @@ def _hierarchical_or_block(fabric: Topology, demands: tuple[Demand, ...],
             costs = [hops(fabric, d.ranks) for d in demands]
             block_s = max(block_estimate(fabric, d, hosts, c)
                           for d, hosts, c in zip(demands, layouts, costs, strict=True))
-            if (block_s < max(p.estimate for p in planned)
+            if (block_s < BLOCK_ALLREDUCE_EDGE * max(p.estimate for p in planned)
                     and need * BYTES_PER_TRANSFER <= _available_memory()):
                 return block_gather(fabric, demands, layouts, costs)
     return hierarchical(fabric, demands, opts.relay, planned)

@@ -1,6 +1,7 @@
-"""Random large rail fabrics with failed GPUs and NICs: the rail-hierarchical plan always
-verifies, its program fits one ConfigMap per node and passes the MSCCL validator, and the CLI
-ships a file only where the NCCL model is not predicted faster.
+"""Random large rail fabrics with failed GPUs and NICs: the rail-hierarchical plan (or on a
+healthy fabric the block plan, where estimated faster) always verifies, its program fits one
+ConfigMap per node and passes the MSCCL validator, and the CLI ships a file only where the
+NCCL model is not predicted faster.
 
 Up to four GPUs and NICs fail, so at least half the rails stay whole and every rank owns one
 part (``choreo.hierarchy.owners_of``); beyond that hosts hand parts to mates, and such a
@@ -51,7 +52,9 @@ def test_rail_plans_on_damaged_fabrics(hosts: int, failed_gpus: int, failed_nics
     demand = Demand(Collective.ALLREDUCE, alive, size,
                     auto_chunks(damaged, Collective.ALLREDUCE, size, len(alive)))
     s = synthesize(damaged, [demand], SynthOptions(relay=False))
-    assert s.engine == "rail-hierarchical"
+    # a healthy fabric may take the block plan where it is estimated faster
+    assert s.engine == "rail-hierarchical" or (s.engine == "block-gather"
+                                               and not failed_gpus and not failed_nics)
     verdict = verify(s)
     assert verdict.ok, verdict.summary()
     xml = to_xml(s, 0)

@@ -312,8 +312,7 @@ def test_large_allreduce_takes_the_plan_with_the_lower_estimate() -> None:
     """Above ``large_tenant`` ranks an AllReduce gets the hierarchical plan or the block
     plan, whichever is estimated faster (the block estimate lies above its simulated time,
     the hierarchical one is the simulator's where hosts are alike): on dgx-h100-8 with the
-    threshold lowered the hierarchical plan wins, as it does at 1,024 GPUs; the block plan
-    wins only where levels are many (thousands of hosts)."""
+    threshold lowered the hierarchical plan wins, as it does at 1,024 GPUs."""
     fabric, demand = _all("dgx-h100-8", Collective.ALLREDUCE)
     opts = SynthOptions(relay=False, large_tenant=16)
     planned = shaped(fabric, [demand])[0]
@@ -324,18 +323,21 @@ def test_large_allreduce_takes_the_plan_with_the_lower_estimate() -> None:
     assert s.engine == "rail-hierarchical" and s.makespan == pytest.approx(planned.estimate)
 
 
-@pytest.mark.slow
-def test_thousands_of_hosts_take_the_block_allreduce() -> None:
-    """2,048 hosts of two GPUs: eleven rail levels, where the block plan's estimate beats
-    the hierarchical plan's, so synthesis lays out the block plan; verified, and simulated
-    no slower than the hierarchical estimate it was chosen over."""
-    fabric = build("switch2d-2x2048")
-    demand = Demand(Collective.ALLREDUCE, tuple(fabric.npus), 256 << 20, 1)
+def test_a_wide_rail_level_takes_the_block_allreduce() -> None:
+    """34 hosts (2 x 17): the hierarchical plan's rail phase has a level of radix 17, and
+    the block plan's estimate is more than ``BLOCK_ALLREDUCE_EDGE`` below its, so the
+    block plan is laid out: verified, simulated faster than the hierarchical plan, and its
+    two phases within one node's step budget (half each)."""
+    fabric = build("dgx-h100-34")
+    size = 256 << 20
+    demand = Demand(Collective.ALLREDUCE, tuple(fabric.npus), size,
+                    synth.auto_chunks(fabric, Collective.ALLREDUCE, size, len(fabric.npus)))
     hosts = block_layout(fabric, demand)
     assert hosts is not None
     planned = shaped(fabric, [demand])[0]
-    assert estimate(fabric, demand, hosts) < planned.estimate
+    assert estimate(fabric, demand, hosts) < synth.BLOCK_ALLREDUCE_EDGE * planned.estimate
     s = synthesize(fabric, [demand], SynthOptions(relay=False))
     assert s.engine == blockgather.ENGINE
-    assert s.makespan <= planned.estimate
+    assert s.makespan < planned.estimate
+    assert busiest_host_steps(s) <= MAX_HOST_STEPS
     assert verify(s).ok

@@ -79,7 +79,7 @@ def remote_synthesize(args: argparse.Namespace) -> int:
     from choreo.collectives import Collective, parse_size
     from choreo.msccl.cli import node_files
     from choreo.msccl.layout import MAX_CHILDREN
-    from choreo.msccl.split import rank_nodes
+    from choreo.msccl.split import rank_nodes, split_per_node
     from choreo.service.client import (
         Client,
         RequestOptions,
@@ -135,8 +135,8 @@ def remote_synthesize(args: argparse.Namespace) -> int:
                 if b.nccl_runs:
                     continue
                 if hosts is not None:
-                    xml.update(node_files(b.file_name.removesuffix(".xml"), bucket_xml(b),
-                                          hosts))
+                    xml.update(node_files(b.file_name.removesuffix(".xml"), split_per_node(
+                        bucket_xml(b), hosts, check_xml=False)))
                     continue
                 data = bucket_xml(b).encode()
                 xml[b.file_name] = lambda data=data: data
