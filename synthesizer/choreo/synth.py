@@ -9,13 +9,12 @@ link is booked twice. Fabrics with switches are unwound into point-to-point link
 degrees and the fastest result is kept. AllReduce tenants larger than ``large_tenant`` ranks
 on multi-GPU hosts get the rail-aligned hierarchical plan instead (``choreo.hierarchy``),
 whose schedule stays linear in the ranks where chunk matching would be quadratic, or the
-block-doubling plan's ReduceScatter and AllGather where that is estimated faster (thousands
-of hosts). AllGather,
-ReduceScatter and smaller AllReduce tenants on such hosts also get the rail-aligned plan
-(``choreo.railgather``): the faster of it and the greedy result is kept, and above
-``large_tenant`` ranks (AllGather and ReduceScatter) it or the block-doubling plan
-(``choreo.blockgather``), whichever is faster, the block plan alone where the rail plan's
-transfers would not fit (thousands of hosts).
+block-doubling plan's ReduceScatter and AllGather where that is estimated faster (a wide
+rail level, or thousands of hosts). AllGather, ReduceScatter and smaller AllReduce tenants
+on such hosts also get the rail-aligned plan (``choreo.railgather``): the faster of it and
+the greedy result is kept, and above ``large_tenant`` ranks (AllGather and ReduceScatter) it
+or the block-doubling plan (``choreo.blockgather``), whichever is faster, the block plan
+alone where the rail plan's transfers would not fit (thousands of hosts).
 """
 
 from __future__ import annotations
