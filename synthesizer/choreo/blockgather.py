@@ -41,7 +41,7 @@ from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.hierarchy import MAX_HOST_STEPS, Hop, radices
 from choreo.msccl.layout import MAX_CNT
-from choreo.railgather import hops, lay_out, layout, phase
+from choreo.railgather import hops, in_sequence, lay_out, layout, phase
 from choreo.schedule import Schedule
 from choreo.topology import Topology
 
@@ -430,7 +430,6 @@ def block_gather(fabric: Topology, demands: Sequence[Demand],
     and ``hops``'s, found already (each costs a pass over the ranks' links)."""
     if layouts is None:
         layouts = [block_layout(fabric, d) for d in demands]
-
     planned: list[Demand] = []
     rows: list[np.ndarray] = []
     for t, (d, hosts) in enumerate(zip(demands, layouts, strict=True)):
@@ -441,11 +440,7 @@ def block_gather(fabric: Topology, demands: Sequence[Demand],
         host, rail = costs[t] if costs else hops(fabric, d.ranks)
         d = replace(d, chunks=max(1, d.chunks))
         planned.append(d)
-        parts, offset = [], 0.0
-        for reduced in phases(d):  # an AllReduce's AllGather starts where its RS ends
-            part = phase(plan(d, hosts, host, rail, reduced), reduced)
-            part[:, 0] += offset
-            offset = float((part[:, 0] + part[:, 1]).max())
-            parts.append(part)
-        rows.append(np.concatenate(parts) if len(parts) > 1 else parts[0])
+        parts = [phase(plan(d, hosts, host, rail, reduced), reduced) for reduced in phases(d)]
+        rows.append(in_sequence([(part, float((part[:, 0] + part[:, 1]).max()))
+                                 for part in parts]))
     return lay_out(fabric, planned, rows, ENGINE, {"engine": ENGINE})

@@ -368,14 +368,10 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand],
         d = replace(d, chunks=p.phases[0][1].chunks)
         planned.append(d)
         shapes.append({"phases": [asdict(shape) for _, shape in p.phases]})
-        parts, offset = [], 0.0
-        for reduced, shape in p.phases:
-            raw = plan(d, p.hosts, shape, p.host, p.rail, reduced)
-            rows = phase(raw, reduced)
-            rows[:, 0] += offset
-            parts.append(rows)
-            offset += float((raw[:, 0] + raw[:, 1]).max())
-        cols.append(np.concatenate(parts))
+        raws = [(plan(d, p.hosts, shape, p.host, p.rail, reduced), reduced)
+                for reduced, shape in p.phases]
+        cols.append(in_sequence([(phase(raw, reduced), float((raw[:, 0] + raw[:, 1]).max()))
+                                 for raw, reduced in raws]))
     return lay_out(fabric, planned, cols, ENGINE, {"engine": ENGINE, "shapes": shapes})
 
 
@@ -392,6 +388,18 @@ def phase(rows: np.ndarray, reduced: bool) -> np.ndarray:
         out[:, :6] = rows
     out[:, 6] = int(Op.REDUCE if reduced else Op.COPY)
     return out
+
+
+def in_sequence(phases: Sequence[tuple[np.ndarray, float]]) -> np.ndarray:
+    """Phases' rows (``phase``'s) with each phase's estimated length, one after another:
+    every phase starts where the one before is estimated to end (an AllReduce's AllGather
+    after its ReduceScatter)."""
+    out, offset = [], 0.0
+    for rows, length in phases:
+        rows[:, 0] += offset
+        out.append(rows)
+        offset += length
+    return np.concatenate(out) if len(out) > 1 else out[0]
 
 
 def lay_out(fabric: Topology, planned: Sequence[Demand], rows: Sequence[np.ndarray],

@@ -204,9 +204,8 @@ def synthesize(
     if all(applies(fabric, d, opts.large_tenant) for d in demands):
         return _hierarchical_or_block(fabric, demands, opts)
     if opts.rail_gather and any(d.n > opts.large_tenant for d in demands):
-        found = [block_layout(fabric, d) for d in demands]
-        layouts = [hosts for hosts in found if hosts is not None]
-        if len(layouts) == len(demands):
+        layouts = _block_layouts(fabric, demands)
+        if layouts is not None:
             return _rail_or_block(fabric, demands, layouts)
     check_fits(demands)
     railed = opts.rail_gather and all(layout(fabric, d) is not None for d in demands)
@@ -238,22 +237,28 @@ def _hierarchical_or_block(fabric: Topology, demands: tuple[Demand, ...],
     the simulator's own where hosts are alike, so only one plan is laid out: at thousands
     of hosts each takes seconds. The block plan wins where the hierarchical plan's rail
     phase has a wide level (a prime factor such as 11 or 17 of the host count: dgx-h100-34,
-    1 GiB, 6.06 against 6.75 ms) or many levels with too few slices to hide its host phases
+    1 GiB, 6.16 against 6.75 ms) or many levels with too few slices to hide its host phases
     (16,384 GPUs, 1 GiB: 7.29 against 10.96 ms)."""
     planned = shaped(fabric, demands, opts.relay)
-    if opts.rail_gather:
-        found = [block_layout(fabric, d) for d in demands]
-        layouts = [hosts for hosts in found if hosts is not None]
-        if len(layouts) == len(demands):
-            need = sum(block_transfers(d, hosts)
-                       for d, hosts in zip(demands, layouts, strict=True))
-            costs = [hops(fabric, d.ranks) for d in demands]
-            block_s = max(block_estimate(fabric, d, hosts, c)
-                          for d, hosts, c in zip(demands, layouts, costs, strict=True))
-            if (block_s < BLOCK_ALLREDUCE_EDGE * max(p.estimate for p in planned)
-                    and need * BYTES_PER_TRANSFER <= _available_memory()):
-                return block_gather(fabric, demands, layouts, costs)
+    layouts = _block_layouts(fabric, demands) if opts.rail_gather else None
+    if layouts is not None:
+        need = sum(block_transfers(d, hosts)
+                   for d, hosts in zip(demands, layouts, strict=True))
+        costs = [hops(fabric, d.ranks) for d in demands]
+        block_s = max(block_estimate(fabric, d, hosts, c)
+                      for d, hosts, c in zip(demands, layouts, costs, strict=True))
+        if (block_s < BLOCK_ALLREDUCE_EDGE * max(p.estimate for p in planned)
+                and need * BYTES_PER_TRANSFER <= _available_memory()):
+            return block_gather(fabric, demands, layouts, costs)
     return hierarchical(fabric, demands, opts.relay, planned)
+
+
+def _block_layouts(fabric: Topology, demands: tuple[Demand, ...]
+                   ) -> list[list[list[int]]] | None:
+    """Every demand's ``block_layout``, or None where some demand has none."""
+    found = [block_layout(fabric, d) for d in demands]
+    layouts = [hosts for hosts in found if hosts is not None]
+    return layouts if len(layouts) == len(demands) else None
 
 
 def _rail_or_block(fabric: Topology, demands: tuple[Demand, ...],
