@@ -1,9 +1,9 @@
-//! Stable LSD radix sorts for the simulator's integer and time keys.
+//! Stable sorts for the simulator's keys.
 //!
 //! The congestion simulator sorts millions of keys a few times per schedule (a chunk range's
-//! ends per node, arrivals per atom, transfers by planned start). Those keys are bounded
-//! integers or non-negative times, so a radix sort takes a few linear passes where a
-//! comparison sort takes `log n` of them.
+//! ends per node, arrivals per atom, transfers by planned start). Keys of up to 32 bits (a
+//! node and chunk, an atom) go by an LSD radix sort, a few linear passes where a comparison
+//! sort takes `log n` of them; wider ones (times, as `time_key`s) by a comparison sort.
 
 const DIGIT: u32 = 10;
 
