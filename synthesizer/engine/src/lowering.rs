@@ -595,6 +595,12 @@ struct Step {
     hasdep: u8,
 }
 
+/// `v` in decimal, appended without `core::fmt`: a 1,024-GPU file holds about 5.6 M numbers,
+/// and `write!` made its lowering an eighth slower (0.49 s against 0.43 s).
+fn push_int(out: &mut String, v: i64) {
+    out.push_str(itoa::Buffer::new().format(v));
+}
+
 /// One rank's `<tb>` elements, and the channels it uses.
 fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String, i64), LowerError> {
     let i_n = inp.instances;
@@ -680,31 +686,38 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String,
             nchannels = nchannels.max(chan + 1);
             tb_count += 1;
             step_count += steps.len();
-            let _ = write!(
-                body,
-                "\n    <tb id=\"{}\" send=\"{}\" recv=\"{}\" chan=\"{}\">",
-                first_id[ti] + u,
-                p.send,
-                p.recv,
-                chan
-            );
+            body.push_str("\n    <tb id=\"");
+            push_int(&mut body, first_id[ti] + u);
+            body.push_str("\" send=\"");
+            push_int(&mut body, p.send);
+            body.push_str("\" recv=\"");
+            push_int(&mut body, p.recv);
+            body.push_str("\" chan=\"");
+            push_int(&mut body, chan);
+            body.push_str("\">");
             for (s, st) in steps.iter().enumerate() {
                 let depid = if st.depid >= 0 { first_id[st.depid as usize] + u } else { -1 };
-                let _ = write!(
-                    body,
-                    "\n      <step s=\"{}\" type=\"{}\" srcbuf=\"{}\" srcoff=\"{}\" dstbuf=\"{}\" \
-                     dstoff=\"{}\" cnt=\"{}\" depid=\"{}\" deps=\"{}\" hasdep=\"{}\"/>",
-                    s,
-                    st.kind,
-                    buf(st.src.0),
-                    inst(st.src.1, i_n, u),
-                    buf(st.dst.0),
-                    inst(st.dst.1, i_n, u),
-                    st.cnt,
-                    depid,
-                    st.deps,
-                    st.hasdep
-                );
+                body.push_str("\n      <step s=\"");
+                push_int(&mut body, s as i64);
+                body.push_str("\" type=\"");
+                body.push_str(st.kind);
+                body.push_str("\" srcbuf=\"");
+                body.push(buf(st.src.0));
+                body.push_str("\" srcoff=\"");
+                push_int(&mut body, inst(st.src.1, i_n, u));
+                body.push_str("\" dstbuf=\"");
+                body.push(buf(st.dst.0));
+                body.push_str("\" dstoff=\"");
+                push_int(&mut body, inst(st.dst.1, i_n, u));
+                body.push_str("\" cnt=\"");
+                push_int(&mut body, st.cnt);
+                body.push_str("\" depid=\"");
+                push_int(&mut body, depid);
+                body.push_str("\" deps=\"");
+                push_int(&mut body, st.deps);
+                body.push_str("\" hasdep=\"");
+                push_int(&mut body, i64::from(st.hasdep));
+                body.push_str("\"/>");
             }
             body.push_str("\n    </tb>");
         }
