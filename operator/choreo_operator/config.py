@@ -41,6 +41,10 @@ class Config(BaseSettings):
     max_buckets: int = Field(4, ge=1, description="size buckets per collective")
     split_bytes: int = Field(900 * 1024, gt=0, description="split a schedule into per-pod "
                              "ConfigMaps above this size")
+    keep_replaced: float = Field(
+        300.0, ge=0, description="seconds the ConfigMaps of a replaced schedule stay once no "
+        "pod mounts them: a failed device that recovers within that (an Xid reset, a flapping "
+        "link) gets its schedule back without a byte written; 0 deletes them at once")
     unpack_image: str | None = Field(
         None, description="image (choreo's own) of the sidecar the webhook adds to tenant "
         "pods to inflate gzipped schedules: ConfigMaps then hold a tenth of the bytes; unset, "

@@ -69,7 +69,8 @@ class Runtime:
             quiet_seconds=config.debounce, max_delay_seconds=config.max_delay,
             call_timeout_seconds=config.timeout, restarts=config.restarts,
             max_buckets=config.max_buckets, split_bytes=config.split_bytes,
-            request_slots=config.max_requests, packed=config.unpack_image is not None))
+            request_slots=config.max_requests, packed=config.unpack_image is not None,
+            keep_replaced_seconds=config.keep_replaced))
 
     def _values(self, name: str) -> Iterator[Any]:
         index = self.indices[name] if self.indices is not None else {}

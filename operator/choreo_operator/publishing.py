@@ -6,7 +6,9 @@ large for one ConfigMap is split per pod; one too large even then leaves its sma
 ranges to NCCL, and the job asks for the others only from then on. Old ConfigMaps are deleted
 only once no pod mounts them and the job's status no longer names them; a job's writes and
 deletions hold its lock, so a schedule that comes back is never deleted between its create
-and the status that names it.
+and the status that names it. The schedule a publication replaced stays for
+``keep_replaced_seconds`` after it: a failed device that recovers within that window gets its
+old schedule back without a ConfigMap written (for a 1,024-GPU tenant, 128 of them).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import ctypes
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -39,7 +42,8 @@ CONFIGMAP_WRITES = 8  # concurrent ConfigMap creations per published schedule
 class Publisher:
     def __init__(self, api: Api, reporter: Reporter, pods: Callable[[], Iterable[PodInfo]],
                  poke: Callable[[str], None], *, split_bytes: int = results.SPLIT_BYTES,
-                 retry_seconds: float = 0.5, packed: bool = False) -> None:
+                 retry_seconds: float = 0.5, packed: bool = False,
+                 keep_replaced_seconds: float = 0.0) -> None:
         self.api = api
         self.reporter = reporter
         self.pods = pods  # the pods as they are now
@@ -47,6 +51,7 @@ class Publisher:
         self.split_bytes = split_bytes
         self.packed = packed  # XML gzipped in ConfigMaps, for pods that inflate it (webhook)
         self.retry_seconds = retry_seconds  # before publishing again after a lost status write
+        self.keep_replaced_seconds = keep_replaced_seconds
 
     async def publish(self, job: CollectiveJob, plan: GroupPlan, result: Any, response: Any,
                       reason: str, seconds: float) -> bool:
@@ -131,11 +136,24 @@ class Publisher:
             return False
         state.inputs_hash = plan.inputs_hash
         state.config_map = name
-        state.keep = new_maps
+        self._replace(state, new_maps)
         # Sizes left to NCCL for want of room are not asked for again (nor made) from now on.
         state.trims = results.trims(job, schedule)
         _gauge(job, state, schedule)
         return True
+
+    def _replace(self, state: JobState, new_maps: set[str]) -> None:
+        """Make ``new_maps`` the job's schedule. The one before stays for the window (one
+        schedule back at most: any older one is collected as before), then a round collects
+        it."""
+        previous = state.keep - new_maps
+        state.keep = new_maps
+        if self.keep_replaced_seconds <= 0 or not previous:
+            state.replaced = set()
+            return
+        state.replaced = previous
+        state.replaced_until = time.monotonic() + self.keep_replaced_seconds
+        asyncio.get_running_loop().call_later(self.keep_replaced_seconds, self.poke, "collect")
 
     async def _too_large(self, job: CollectiveJob, plan: GroupPlan, too_big: str,
                          reason: str) -> None:
@@ -209,7 +227,7 @@ class Publisher:
                 continue
             mine = frozenset(m for m in mounted.get(job.namespace, ())
                              if m.startswith(f"{job.name[:230]}-"))
-            if state.mounted != mine:
+            if state.mounted != mine or _replaced_expired(state):
                 await self.gc(job, mine)
 
     async def gc(self, job: CollectiveJob, mounted: frozenset[str] | None = None) -> None:
@@ -229,6 +247,8 @@ class Publisher:
         # a timeout per job): what a failed call leaves is collected at the job's next
         # publication or change of mounts.
         state.mounted = mounted
+        held = state.replaced if time.monotonic() < state.replaced_until else set()
+        state.replaced = held
         try:
             listing = await self.api.list_metadata(_listing_path(job))
             # What the job's status names right now is never garbage, whatever this replica
@@ -242,8 +262,8 @@ class Publisher:
             meta = cm["metadata"]
             owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
             name = meta["name"]
-            if (job.metadata.uid not in owners or name in state.keep or name in mounted
-                    or name in named or name == results.alias_name(job.name)):
+            if (job.metadata.uid not in owners or name in state.keep or name in held
+                    or name in mounted or name in named or name == results.alias_name(job.name)):
                 continue
             try:
                 await self.api.delete(f"/api/v1/namespaces/{job.namespace}/configmaps/{name}")
@@ -254,6 +274,11 @@ class Publisher:
                 log.warning("deleting ConfigMap %s: %s; the rest wait for the next "
                             "collection", name, describe(err))
                 return
+
+
+def _replaced_expired(state: JobState) -> bool:
+    """The replaced schedule's window has passed and it still waits to be collected."""
+    return bool(state.replaced) and time.monotonic() >= state.replaced_until
 
 
 def _listing_path(job: CollectiveJob) -> str:

@@ -25,7 +25,8 @@ from choreo_operator.publishing import Publisher
 from choreo_operator.reporting import Api, Reporter
 
 log = logging.getLogger("choreo.operator")
-REASON_ORDER = ("failure", "node", "nodefabric", "fabric", "job", "pods", "startup", "retry")
+REASON_ORDER = ("failure", "node", "nodefabric", "fabric", "job", "pods", "startup", "retry",
+                "collect")
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Settings:
     restarts: int = 2
     max_buckets: int = 4
     split_bytes: int = results.SPLIT_BYTES
+    keep_replaced_seconds: float = 0.0  # a replaced schedule's ConfigMaps stay this long
     packed: bool = False  # XML gzipped in ConfigMaps: pods get the sidecar that inflates it
     publish_slots: int = 2  # groups whose schedules are written at the same time
     request_slots: int = 8  # synthesis calls in flight at once
@@ -54,7 +56,8 @@ class Reconciler:
         self.reporter = Reporter(api)
         self.publisher = Publisher(api, self.reporter, lambda: self.read().pods, self.poke,
                                    split_bytes=s.split_bytes,
-                                   retry_seconds=s.backoff_initial_seconds, packed=s.packed)
+                                   retry_seconds=s.backoff_initial_seconds, packed=s.packed,
+                                   keep_replaced_seconds=s.keep_replaced_seconds)
         self.flights = Flights(synth, self.reporter, self.publisher, self.poke,
                                timeout_seconds=s.call_timeout_seconds,
                                backoff_initial_seconds=s.backoff_initial_seconds,

@@ -56,6 +56,10 @@ class JobState:
     inputs_hash: str | None = None
     config_map: str | None = None
     keep: set[str] = field(default_factory=set)  # ConfigMaps of the current schedule
+    # The schedule it replaced, kept until ``replaced_until`` (time.monotonic()): a device that
+    # recovers within that (an Xid reset, a flapping link) gets it back with nothing written.
+    replaced: set[str] = field(default_factory=set)
+    replaced_until: float = 0.0
     mounted: frozenset[str] | None = None
     # Per collective, the sizes still asked for: learned when the files of smaller sizes did
     # not fit a pod's ConfigMap (NCCL runs those).

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.e2e
 
 GROUP = "/apis/choreo.dev/v1alpha1"
 WEBHOOK = "choreo-operator-e2e"
+KEEP_REPLACED_SECONDS = 10  # short, so the test sees the replaced schedule go
 
 
 @dataclass
@@ -44,7 +45,8 @@ class Stack:
         self.operator, self.ports = T.start_operator(
             self.logs / "operator.log", self.cluster.info.kubeconfig,
             f"127.0.0.1:{self.synth_port}", self.logs / "certs",
-            extra=["--webhook-config", WEBHOOK, "--debounce", "0.5"], ports=self.ports)
+            extra=["--webhook-config", WEBHOOK, "--debounce", "0.5", "--keep-replaced",
+                   str(KEEP_REPLACED_SECONDS)], ports=self.ports)
 
     def start_synthesizer(self) -> None:
         self.synth, _ = T.start_synthesizer(self.logs / "synth.log", port=self.synth_port)
@@ -228,6 +230,7 @@ def test_device_failure_resynthesizes_around_the_gpu_and_resolving_restores(
         tenants: Stack) -> None:
     st = tenants
     before = st.job("ta")["status"]
+    original_uid = st.configmaps("ta")[before["configMap"]]["metadata"]["uid"]
     untouched = st.job("tb")["status"]["configMap"]
     node = st.nodes[1]
     st.cluster.apply({"apiVersion": "choreo.dev/v1alpha1", "kind": "DeviceFailure",
@@ -256,9 +259,14 @@ def test_device_failure_resynthesizes_around_the_gpu_and_resolving_restores(
                               and s.get("phase") == "Ready" else None, timeout=60)
     assert restored["ranks"] == 8
     assert st.job("tb")["status"]["configMap"] in (untouched, st.job("tb")["status"]["configMap"])
-    # the intermediate schedule is garbage-collected: no pod mounts it
+    # The original schedule stayed while replaced, so it came back without a write; the one it
+    # replaced in turn stays for the window, then goes (no pod mounts it).
+    maps = st.configmaps("ta")
+    assert maps[before["configMap"]]["metadata"]["uid"] == original_uid
+    assert after["configMap"] in maps
     st.cluster.wait_for(lambda: after["configMap"] not in st.configmaps("ta"),
-                        "the superseded ConfigMap to be deleted", timeout=30)
+                        "the superseded ConfigMap to be deleted",
+                        timeout=KEEP_REPLACED_SECONDS + 30)
     st.cluster.client.delete(f"{GROUP}/devicefailures/e2e-gpu")
 
 

@@ -191,6 +191,49 @@ def test_a_schedule_that_comes_back_while_mounted_is_not_sent_again() -> None:
     assert creates == []  # neither the schedule's ConfigMaps nor the alias, which is patched
 
 
+def test_a_replaced_schedule_stays_for_its_window_then_goes() -> None:
+    """Nothing mounts the ConfigMaps here, yet the schedule a failure replaced stays for the
+    window: the GPU recovers and the status names it again with nothing written. One
+    schedule back at most: a second failure's publication collects the first's. Once the
+    window passes, the round it asked for collects the replaced one."""
+    creates: list[str] = []
+
+    class CountingApi(FakeApi):
+        async def create(self, path: str, body: dict[str, Any]) -> Any:
+            if body.get("kind") == "ConfigMap":
+                creates.append(body["metadata"]["name"])
+            return await super().create(path, body)
+
+    api, synth = CountingApi(), FakeSynth()
+    state: dict[str, Any] = {"failures": []}
+    rec = Reconciler(lambda: _inputs(state["failures"]), api, synth, Settings(
+        backoff_initial_seconds=0.01, backoff_max_seconds=0.02, keep_replaced_seconds=0.5))
+
+    async def publish(failures: list[DeviceFailure]) -> str:
+        state["failures"] = failures
+        await rec.round({"failure"}, 0.0)
+        await _landed(rec)
+        return str(api.status("a")["configMap"])
+
+    async def main() -> None:
+        first = await publish([])
+        second = await publish([failure("x", "n1", "gpu", gpu=1)])
+        assert second != first and {first, second} <= set(api.configmaps())
+        creates.clear()
+        assert await publish([failure("x", "n1", "gpu", gpu=1, resolved=True)]) == first
+        assert creates == []  # the schedule came back whole: not a ConfigMap written
+        assert {first, second} <= set(api.configmaps())
+        third = await publish([failure("y", "n0", "gpu", gpu=2)])
+        assert third not in (first, second)
+        assert first in api.configmaps() and second not in api.configmaps()
+        rec.debouncer.reasons.clear()
+        await asyncio.sleep(0.6)
+        assert "collect" in rec.debouncer.reasons  # the window's end asked for a round
+        await rec.round({"collect"}, 0.0)
+        assert third in api.configmaps() and first not in api.configmaps()
+    asyncio.run(main())
+
+
 def test_a_configmap_delete_that_times_out_leaves_the_publication_ready() -> None:
     """Collecting the old ConfigMaps is housekeeping after the status is written: a delete
     lost to a loaded API server neither marks the tenant Degraded nor counts as a failed
