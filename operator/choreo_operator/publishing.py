@@ -36,7 +36,7 @@ from choreo_operator.planning import GroupPlan
 from choreo_operator.reporting import Api, JobState, Reporter, job_path
 
 log = logging.getLogger("choreo.operator")
-CONFIGMAP_WRITES = 8  # concurrent ConfigMap creations per published schedule
+CONFIGMAP_WRITES = 8  # concurrent ConfigMap creations (or deletions) per schedule
 
 
 class Publisher:
@@ -258,6 +258,7 @@ class Publisher:
         except CALL_ERRORS as err:
             log.warning("listing ConfigMaps of %s: %s", job.key, describe(err))
             return
+        unused = []
         for cm in listing.get("items") or []:
             meta = cm["metadata"]
             owners = {o.get("uid") for o in meta.get("ownerReferences") or []}
@@ -265,15 +266,28 @@ class Publisher:
             if (job.metadata.uid not in owners or name in state.keep or name in held
                     or name in mounted or name in named or name == results.alias_name(job.name)):
                 continue
-            try:
-                await self.api.delete(f"/api/v1/namespaces/{job.namespace}/configmaps/{name}")
-            except ApiException as err:
-                if err.status != 404:
-                    log.warning("deleting ConfigMap %s: %s", name, describe(err))
-            except CALL_ERRORS as err:  # unanswered: the rest would wait a timeout each
-                log.warning("deleting ConfigMap %s: %s; the rest wait for the next "
-                            "collection", name, describe(err))
-                return
+            unused.append(name)
+        # A few at a time, as they were created: one after another, a large tenant's 128 held
+        # its lock, and so its next publication, for about a second.
+        deletes = asyncio.Semaphore(CONFIGMAP_WRITES)
+        unanswered = False
+
+        async def delete(name: str) -> None:
+            nonlocal unanswered
+            async with deletes:
+                if unanswered:  # the rest would wait a timeout each
+                    return
+                try:
+                    await self.api.delete(f"/api/v1/namespaces/{job.namespace}/configmaps/{name}")
+                except ApiException as err:
+                    if err.status != 404:
+                        log.warning("deleting ConfigMap %s: %s", name, describe(err))
+                except CALL_ERRORS as err:
+                    unanswered = True
+                    log.warning("deleting ConfigMap %s: %s; the rest wait for the next "
+                                "collection", name, describe(err))
+
+        await asyncio.gather(*(delete(name) for name in unused))
 
 
 def _replaced_expired(state: JobState) -> bool:
