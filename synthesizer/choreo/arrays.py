@@ -36,3 +36,13 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise TypeError("unique_inverse: values beyond int64")
     distinct, inverse = choreo_engine.unique_inverse(np.ascontiguousarray(flat, dtype=np.int64))
     return np.asarray(distinct).astype(flat.dtype, copy=False), np.asarray(inverse)
+
+
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``starts[i], ..., starts[i] + lengths[i] - 1`` for every ``i``, one after another: the
+    positions of CSR rows gathered whole, without a Python loop over the rows."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    offsets = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+    return np.repeat(starts - (ends - lengths), lengths) + offsets

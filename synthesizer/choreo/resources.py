@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from choreo.arrays import unique_sorted
+from choreo.arrays import concat_ranges, unique_sorted
 from choreo.topology import Topology
 
 # Bandwidths within this relative distance count as equal: a unit-share link is a circuit.
@@ -48,33 +48,40 @@ class LinkModel:
         return self.phys[self.ptr[k] : self.ptr[k + 1]]
 
 
-def physical_path(topology: Topology, fabric: Topology, link: int) -> tuple[int, ...]:
-    """The fabric links that topology link ``link`` rides on (see the module docstring)."""
-    lk = topology.links[link]
-    if lk.via:
-        return lk.via
-    if link < len(fabric.links):
-        f = fabric.links[link]
-        if f.src == lk.src and f.dst == lk.dst:
-            return (link,)
-    return ()
+def physical_paths(topology: Topology, fabric: Topology,
+                   links: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fabric links each of ``links`` rides (the module docstring says which) as CSR:
+    link ``links[k]`` rides ``raw[ptr[k]:ptr[k + 1]]``. From the topologies' columns: a
+    16,384-GPU plan's 295 K circuits took 0.4 s a Link at a time."""
+    vias, own, fab = topology.vias, topology.columns, fabric.columns
+    via_len = vias.ptr[links + 1] - vias.ptr[links]
+    inside = np.flatnonzero((via_len == 0) & (links < len(fabric.links)))
+    itself = np.zeros(len(links), dtype=bool)
+    at = links[inside]
+    itself[inside] = (fab.src[at] == own.src[at]) & (fab.dst[at] == own.dst[at])
+    lengths = np.where(via_len > 0, via_len, itself)
+    ptr = np.zeros(len(links) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=ptr[1:])
+    raw = np.empty(int(ptr[-1]), dtype=np.int64)
+    routed = np.flatnonzero(via_len)
+    raw[concat_ranges(ptr[routed], via_len[routed])] = vias.links[
+        concat_ranges(vias.ptr[links[routed]], via_len[routed])]
+    raw[ptr[:-1][itself]] = links[itself]
+    return ptr, raw
 
 
 def link_model(topology: Topology, fabric: Topology, links: np.ndarray) -> LinkModel:
     """Classify ``links`` (sorted unique topology link ids) as circuits or fractional shares."""
     links = np.asarray(links, dtype=np.int64)
     nf = len(fabric.links)
-    paths = [physical_path(topology, fabric, i) for i in links.tolist()]
-    ptr = np.zeros(len(links) + 1, dtype=np.int64)
-    ptr[1:] = np.cumsum([len(path) for path in paths])
-    raw = np.fromiter((p for path in paths for p in path), dtype=np.int64, count=int(ptr[-1]))
+    ptr, raw = physical_paths(topology, fabric, links)
     row = np.repeat(np.arange(len(links)), np.diff(ptr))
     exists = (raw >= 0) & (raw < nf)
     usable = fabric.columns.usable
     dead = exists & ~usable[np.where(exists, raw, 0)]
     bad = [""] * len(links)
     for k in unique_sorted(row[~exists | dead]).tolist():  # the first problem of each bad link
-        path = paths[k]
+        path = raw[ptr[k]:ptr[k + 1]].tolist()
         missing = [p for p in path if not 0 <= p < nf]
         if missing:
             bad[k] = f"via link {missing[0]} does not exist in fabric {fabric.name}"

@@ -19,12 +19,12 @@ from functools import cached_property
 
 import numpy as np
 
-from choreo.arrays import unique_inverse
+from choreo.arrays import concat_ranges, unique_inverse
 from choreo.collectives import Demand
 from choreo.errors import InputError
 from choreo.schedule import Schedule
 from choreo.simulate import simulate
-from choreo.topology import Link, LinkColumns, NodeKind, Topology
+from choreo.topology import Link, LinkColumns, NodeKind, Topology, ViaColumns
 
 
 class Router:
@@ -200,6 +200,10 @@ def circuits(fabric: Topology, a: np.ndarray, b: np.ndarray, nbytes: float,
             np.concatenate([fab.alpha, alphas[multi]]),
             np.concatenate([fab.bandwidth, slowest_bw[multi]]),
             np.concatenate([fab.usable, ~dead[x] & ~dead[y]]))
+        vias = fabric.vias
+        topo.__dict__["vias"] = ViaColumns(
+            np.concatenate([vias.ptr, vias.ptr[-1] + np.cumsum(hops[multi])]),
+            np.concatenate([vias.links, on_path[concat_ranges(starts[multi], hops[multi])]]))
     return topo, chosen
 
 

@@ -14,7 +14,8 @@ from choreo.hierarchy import hierarchical
 from choreo.railgather import rail_gather
 from choreo.routing import Router, route
 from choreo.schedule import Schedule
-from choreo.topology import Topology
+from choreo.resources import physical_paths
+from choreo.topology import Link, Topology
 from choreo.transforms import degrade_link, fail_links, fail_npus
 from choreo.verify import verify
 
@@ -97,3 +98,34 @@ def test_a_routed_topology_carries_the_columns_its_links_give() -> None:
         assert np.array_equal(getattr(topo.columns, name), getattr(fresh.columns, name)), name
     assert not fresh.columns.usable[[i for i, lk in enumerate(topo.links)
                                      if 3 in (lk.src, lk.dst)]].any()
+    for name in ("ptr", "links"):  # the vias: from the paths, and from a walk over the links
+        assert np.array_equal(getattr(topo.vias, name), getattr(fresh.vias, name)), name
+
+
+def _walked_path(topology: Topology, fabric: Topology, link: int) -> tuple[int, ...]:
+    """What a topology link rides, a Link at a time, as the resource model defines it."""
+    lk = topology.links[link]
+    if lk.via:
+        return lk.via
+    if link < len(fabric.links):
+        f = fabric.links[link]
+        if (f.src, f.dst) == (lk.src, lk.dst):
+            return (link,)
+    return ()
+
+
+@pytest.mark.parametrize("spec", ["dgx-h100-4", "torus-4x4", "dgx-h100-spine-2x2"])
+def test_physical_paths_are_what_each_link_rides(spec: str) -> None:
+    """Circuits ride their paths, the fabric's links themselves, a link the fabric lacks
+    (one past its end, or with other ends at its index) nothing."""
+    fabric = fail_npus(build(spec), [1])
+    npus = [v for v in fabric.npus if v not in fabric.failed]
+    topo, _ = route(fabric, {(a, b) for a in npus for b in npus if a != b}, 1 << 20)
+    swapped = list(topo.links)
+    swapped[0] = Link(topo.links[0].dst, topo.links[0].src, 1e-6, 1e9)  # other ends
+    odd = Topology(topo.name, topo.kinds, tuple(swapped), topo.failed)
+    for t in (topo, odd, fabric):
+        links = np.arange(len(t.links), dtype=np.int64)[::-1].copy()
+        ptr, raw = physical_paths(t, fabric, links)
+        assert [tuple(raw[ptr[k]:ptr[k + 1]].tolist()) for k in range(len(links))] == [
+            _walked_path(t, fabric, int(i)) for i in links]
