@@ -21,6 +21,7 @@ import numpy as np
 
 from choreo.arrays import concat_ranges, unique_inverse
 from choreo.collectives import Demand
+from choreo.collector import collector_paused
 from choreo.errors import InputError
 from choreo.schedule import Schedule
 from choreo.simulate import simulate
@@ -175,11 +176,13 @@ def circuits(fabric: Topology, a: np.ndarray, b: np.ndarray, nbytes: float,
         bounds = path_ptr.tolist()
         hop_list = on_path.tolist()
         base = len(links)
-        links.extend(
-            Link(x, y, al, bw, links[k].kind, True, tuple(hop_list[bounds[i]:bounds[i + 1]]))
-            for i, x, y, al, bw, k in zip(
-                multi.tolist(), a[multi].tolist(), b[multi].tolist(), alphas[multi].tolist(),
-                slowest_bw[multi].tolist(), slowest[multi].tolist(), strict=True))
+        with collector_paused():  # 295 K circuits at 16,384 GPUs: 0.4 s of collections
+            links.extend(
+                Link(x, y, al, bw, links[k].kind, True, tuple(hop_list[bounds[i]:bounds[i + 1]]))
+                for i, x, y, al, bw, k in zip(
+                    multi.tolist(), a[multi].tolist(), b[multi].tolist(),
+                    alphas[multi].tolist(), slowest_bw[multi].tolist(), slowest[multi].tolist(),
+                    strict=True))
         chosen[multi] = base + np.arange(len(multi))
     topo = Topology(
         name=f"{fabric.name}/routed",

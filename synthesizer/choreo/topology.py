@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from choreo.collector import collector_paused
 from choreo.errors import InputError
 
 # The largest fabric choreo builds, from a generator or a file: anything larger is refused before
@@ -100,12 +101,13 @@ class Topology:
         """Per node, its out-links and in-links, built on first use: a 16,384-GPU plan's
         routed topology (295 K circuits) is read only through its columns, and building
         these for it took 0.3-0.4 s."""
-        out: list[list[int]] = [[] for _ in self.kinds]
-        inc: list[list[int]] = [[] for _ in self.kinds]
-        for i, link in enumerate(self.links):
-            out[link.src].append(i)
-            inc[link.dst].append(i)
-        return tuple(tuple(x) for x in out), tuple(tuple(x) for x in inc)
+        with collector_paused():  # a list and a tuple per node, acyclic
+            out: list[list[int]] = [[] for _ in self.kinds]
+            inc: list[list[int]] = [[] for _ in self.kinds]
+            for i, link in enumerate(self.links):
+                out[link.src].append(i)
+                inc[link.dst].append(i)
+            return tuple(tuple(x) for x in out), tuple(tuple(x) for x in inc)
 
     @property
     def _out(self) -> tuple[tuple[int, ...], ...]:

@@ -13,14 +13,13 @@ is read as a tag name. What expat accepts but that tokenizer does not becomes ru
 
 from __future__ import annotations
 
-import gc
 import re
 import xml.parsers.expat
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from choreo.collector import collector_paused
 from choreo.msccl.layout import MAX_ATTR_LEN, MAX_ATTRS, RUNTIMES
 from choreo.msccl.violation import Violation
 from choreo.msccl.xmlmodel import BUFFERS, STEP_ATTRS, STEP_TYPES, Algo, Gpu, Step, Tb
@@ -225,20 +224,6 @@ def token_violations(text: str) -> list[Violation]:
             line = text.count("\n", 0, found.end() - 1) + 1
             out.append(Violation(line, None, None, None, "token", message))
     return out
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a file's model is built or walked: the model
-    is a tree (no reference cycles), yet each of its ~60,000 fresh objects per 64-GPU file
-    would trigger collections that walk everything the process holds."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def parse(text: str) -> Parsed:

@@ -15,8 +15,9 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable
 
+from choreo.collector import collector_paused
 from choreo.msccl import layout
-from choreo.msccl.parse import collector_paused, detect_dialect, parse, token_violations
+from choreo.msccl.parse import detect_dialect, parse, token_violations
 from choreo.msccl.violation import Violation
 from choreo.msccl.xmlmodel import (
     READS_SRC,
