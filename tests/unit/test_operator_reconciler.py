@@ -111,6 +111,19 @@ def _inputs(failures: list[DeviceFailure], mounts: Mapping[str, tuple[str, ...]]
     return Inputs([fabric(2, type="rail", rails=1)], {}, failures, nodes, jobs, pods)
 
 
+class CountingApi(FakeApi):
+    """Remembers the name of every ConfigMap it is asked to create."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.creates: list[str] = []
+
+    async def create(self, path: str, body: dict[str, Any]) -> Any:
+        if body.get("kind") == "ConfigMap":
+            self.creates.append(body["metadata"]["name"])
+        return await super().create(path, body)
+
+
 async def _landed(rec: Reconciler) -> None:
     """Wait for the syntheses under way to publish or give up."""
     for flight in list(rec.flights.running.values()):
@@ -161,15 +174,8 @@ def test_failure_then_resolution_restores_the_same_configmap() -> None:
 def test_a_schedule_that_comes_back_while_mounted_is_not_sent_again() -> None:
     """Pods still mount the schedule from before the failure: when the GPU recovers, the
     status names that ConfigMap again without writing it a second time."""
-    creates: list[str] = []
-
-    class CountingApi(FakeApi):
-        async def create(self, path: str, body: dict[str, Any]) -> Any:
-            if body.get("kind") == "ConfigMap":
-                creates.append(body["metadata"]["name"])
-            return await super().create(path, body)
-
     api, synth = CountingApi(), FakeSynth()
+    creates = api.creates
     rec, state = _reconciler(api, synth)
 
     async def main() -> None:
@@ -196,15 +202,8 @@ def test_a_replaced_schedule_stays_for_its_window_then_goes() -> None:
     window: the GPU recovers and the status names it again with nothing written. One
     schedule back at most: a second failure's publication collects the first's. Once the
     window passes, the round it asked for collects the replaced one."""
-    creates: list[str] = []
-
-    class CountingApi(FakeApi):
-        async def create(self, path: str, body: dict[str, Any]) -> Any:
-            if body.get("kind") == "ConfigMap":
-                creates.append(body["metadata"]["name"])
-            return await super().create(path, body)
-
     api, synth = CountingApi(), FakeSynth()
+    creates = api.creates
     state: dict[str, Any] = {"failures": []}
     rec = Reconciler(lambda: _inputs(state["failures"]), api, synth, Settings(
         backoff_initial_seconds=0.01, backoff_max_seconds=0.02, keep_replaced_seconds=0.5))

@@ -12,9 +12,9 @@ from choreo.errors import InputError
 from choreo.generators import build
 from choreo.hierarchy import hierarchical
 from choreo.railgather import rail_gather
+from choreo.resources import physical_paths
 from choreo.routing import Router, route
 from choreo.schedule import Schedule
-from choreo.resources import physical_paths
 from choreo.topology import Link, Topology
 from choreo.transforms import degrade_link, fail_links, fail_npus
 from choreo.verify import verify
