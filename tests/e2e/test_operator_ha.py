@@ -27,6 +27,7 @@ pytestmark = pytest.mark.e2e
 GROUP = "/apis/choreo.dev/v1alpha1"
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/choreo-ha-e2e"
 TAKEOVER_TARGET_S = 15.0
+KEEP_REPLACED_SECONDS = 5  # short, so the test sees the superseded schedule go
 
 
 @dataclass
@@ -62,7 +63,8 @@ class HA:
             self.logs / f"operator-{identity}.log", self.cluster.info.kubeconfig, self.synth,
             self.logs / "certs", webhook=False,
             extra=["--identity", identity, "--lease-name", "choreo-ha-e2e",
-                   "--lease-namespace", "default", "--debounce", "0.2"])
+                   "--lease-namespace", "default", "--debounce", "0.2",
+                   "--keep-replaced", str(KEEP_REPLACED_SECONDS)])
         self.replicas[identity] = Replica(identity, proc, ports)
         return self.replicas[identity]
 
@@ -138,7 +140,8 @@ def test_one_replica_leads_and_the_standby_takes_over_a_kill(ha: HA) -> None:
     assert lease["holderIdentity"] == "ha-b" and lease["leaseTransitions"] >= 1
     assert after["configMap"] in ha.schedules()
     ha.cluster.wait_for(lambda: ha.schedules() == [after["configMap"]],
-                        "the superseded ConfigMap collected, nothing else left", timeout=30)
+                        "the superseded ConfigMap collected, nothing else left",
+                        timeout=KEEP_REPLACED_SECONDS + 30)
 
 
 def test_a_clean_shutdown_hands_the_lease_over_at_once(ha: HA) -> None:
