@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from choreo.arrays import unique_sorted
+from choreo.arrays import concat_ranges, unique_sorted
 from choreo.collectives import Collective, Demand
 from choreo.topology import Topology
 
@@ -402,8 +402,7 @@ def _alpha_dists(fabric: Topology, sources: list[int], reverse: bool) -> np.ndar
         node = front % nn
         cnt = deg[node]
         pair = np.repeat(front, cnt)
-        within = np.arange(len(pair)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-        edge = np.repeat(ptr[node], cnt) + within
+        edge = concat_ranges(ptr[node], cnt)
         key = pair - pair % nn + to[edge]
         val = dist[pair] + alpha[edge]
         better = val < dist[key]

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from choreo.arrays import unique_inverse, unique_sorted
+from choreo.arrays import concat_ranges, unique_inverse, unique_sorted
 
 
 @given(hnp.arrays(np.int64, st.integers(0, 200), elements=st.integers(-50, 50)))
@@ -52,3 +52,11 @@ def test_unique_inverse_over_the_whole_int64_range(values: np.ndarray) -> None:
     want, want_inverse = np.unique(values, return_inverse=True)
     assert np.array_equal(distinct, want)
     assert np.array_equal(inverse, want_inverse)
+
+
+@given(st.lists(st.tuples(st.integers(-1000, 1000), st.integers(0, 20)), max_size=50))
+def test_concat_ranges_is_each_range_in_turn(runs: list[tuple[int, int]]) -> None:
+    starts = np.array([s for s, _ in runs], dtype=np.int64)
+    lengths = np.array([n for _, n in runs], dtype=np.int64)
+    want = [v for s, n in runs for v in range(s, s + n)]
+    assert concat_ranges(starts, lengths).tolist() == want

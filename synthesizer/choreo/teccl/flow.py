@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from choreo.arrays import concat_ranges
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError, InputError
@@ -241,7 +242,7 @@ def _build(groups: _Groups, hop: np.ndarray, kappa: np.ndarray, supply: np.ndarr
     fq, fg = np.nonzero(cnt)
     reps = cnt[fq, fg]
     f_q, f_g = np.repeat(fq, reps), np.repeat(fg, reps)
-    f_k = np.repeat(lo[fq, fg], reps) + _ramp(reps)
+    f_k = concat_ranges(lo[fq, fg], reps)
     m = Model()
     t_f = groups.time[tenant[f_q], f_g] / tau0
     tau = int(m.add_vars(1, 0.0, cost=1.0)[0])
@@ -250,7 +251,7 @@ def _build(groups: _Groups, hop: np.ndarray, kappa: np.ndarray, supply: np.ndarr
     hq, hn = np.nonzero(first < K)
     hreps = K - first[hq, hn]
     h_q, h_n = np.repeat(hq, hreps), np.repeat(hn, hreps)
-    h_k = np.repeat(first[hq, hn], hreps) + _ramp(hreps)
+    h_k = concat_ranges(first[hq, hn], hreps)
     hvar = m.add_vars(len(h_q))
     # conservation per (q, n, k): kept(k) + sent(k) - kept(k-1) - arrived(k) = supply at
     # (origin, 0); row k = K closes it: -kept(K-1) - arrived(K) = -demand
@@ -272,7 +273,7 @@ def _build(groups: _Groups, hop: np.ndarray, kappa: np.ndarray, supply: np.ndarr
     # longer than an epoch occupies kappa of them; a whole chunk may start at once)
     occ = kappa[f_g]
     o_idx = np.repeat(np.arange(len(f_q)), occ)
-    o_k = f_k[o_idx] + _ramp(occ)
+    o_k = concat_ranges(f_k, occ)
     ck = f_g[o_idx] * K + o_k
     uk, crow = np.unique(ck, return_inverse=True)
     gk = uk // K
@@ -390,12 +391,3 @@ def _schedule(fabric: Topology, view: Topology, demands: tuple[Demand, ...], gro
     return Schedule(fabric, view, demands, a["tenant"], a["chunk"], a["src"], a["dst"],
                     a["link"], a["start"], a["end"], np.full(m, int(Op.COPY), dtype=np.int8),
                     engine="lp").sorted()
-
-
-def _ramp(counts: np.ndarray) -> np.ndarray:
-    counts = np.asarray(counts, dtype=np.int64)
-    if counts.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.cumsum(counts) - counts
-    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
-

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from choreo.arrays import concat_ranges
 from choreo.teccl.epochs import Grid
 from choreo.teccl.highs import MAX_ENTRIES, MAX_VARIABLES, Model, Solution, check_size
 from choreo.teccl.network import Net
@@ -108,7 +109,7 @@ def solve_window(net: Net, grid: Grid, spread: Spread, window: Window, epochs: i
     fc, fe = np.nonzero(count)
     reps = count[fc, fe]
     f_c, f_e = np.repeat(fc, reps), np.repeat(fe, reps)
-    f_k = np.repeat(lo_i[fc, fe], reps) + _ramp(reps)
+    f_k = concat_ranges(lo_i[fc, fe], reps)
     nf = len(f_c)
     m = Model()
     fvar = m.add_vars(nf, 0.0, 1.0, integer=True)
@@ -120,7 +121,7 @@ def solve_window(net: Net, grid: Grid, spread: Spread, window: Window, epochs: i
     bc, bn = np.nonzero(first <= K)
     breps = K - first[bc, bn] + 1
     b_c, b_n = np.repeat(bc, breps), np.repeat(bn, breps)
-    b_k = np.repeat(first[bc, bn], breps) + _ramp(breps)
+    b_k = concat_ranges(first[bc, bn], breps)
     bvar = m.add_vars(len(b_c), 0.0, 1.0)
     bidx[b_c, b_n, b_k] = bvar
 
@@ -156,7 +157,7 @@ def solve_window(net: Net, grid: Grid, spread: Spread, window: Window, epochs: i
     check_size(int(occ.sum()), MAX_ENTRIES, "milp", f"the link capacity of a window of {K} "
                "epochs", "matrix entries")
     o_idx = np.repeat(np.arange(nf), occ)
-    o_k = f_k[o_idx] + _ramp(occ)
+    o_k = concat_ranges(f_k, occ)
     inside = o_k < K
     o_idx, o_k = o_idx[inside], o_k[inside]
     key = f_e[o_idx] * K + o_k
@@ -198,12 +199,3 @@ def _potential(spread: Spread, window: Window, dist: np.ndarray) -> np.ndarray:
     lacking = spread.want & ~window.have & (window.pending == 0)
     d = np.where(lacking[:, None, :], dist[None, :, :], np.inf).min(axis=2)
     return np.where(np.isfinite(d), 1.0 / (1.0 + d), 0.0)
-
-
-def _ramp(counts: np.ndarray) -> np.ndarray:
-    """0, 1, ..., c-1 for each count, concatenated."""
-    counts = np.asarray(counts, dtype=np.int64)
-    if counts.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.cumsum(counts) - counts
-    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts)
