@@ -43,7 +43,10 @@ from choreo.topology import Link, Topology
 
 ENGINE = "rail-gather"
 COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
-CHUNK_CHOICES = (1, 2, 4, 8, 16)  # chunks per shard the estimate chooses from (within MAX_CNT)
+# Chunks per shard the estimate chooses from, up to what one MSCCL step moves (``MAX_CNT``):
+# finer chunks make the rail's last pieces and the relayed share finer (on switch2d-16x16
+# the ports balance at 1/49 of a shard relayed).
+CHUNK_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 # The rail's last pieces: (chunks of the last one, 0 for whole rounds to the end; how fast
 # the ones before it shrink; in how many last rounds each, 0 for across rounds).
 TAILS = ((0, 0.5, 0), *itertools.product((1, 2), (0.5, 0.75, 0.87), (0, 2, 3, 4)))

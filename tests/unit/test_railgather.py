@@ -17,6 +17,7 @@ from choreo.generators import build
 from choreo.hierarchy import MAX_HOST_STEPS, Hop, busiest_host_steps
 from choreo.msccl import interpret
 from choreo.msccl.api import to_xml
+from choreo.msccl.layout import MAX_CNT
 from choreo.msccl.split import split_per_node
 from choreo.railgather import Shape, estimate, layout, rail_gather
 from choreo.schedule import Op
@@ -205,3 +206,17 @@ def test_the_shapes_keep_node_files_within_a_configmap_where_they_can() -> None:
     s = rail_gather(fabric, [demand])
     assert busiest_host_steps(s) <= MAX_HOST_STEPS  # the fastest shapes would need 9,152
     assert verify(s).ok
+
+
+def test_the_finest_chunking_moves_a_shard_in_one_msccl_step_and_runs() -> None:
+    """The finest chunk count still sends a whole shard as one step (``MAX_CNT``); where
+    NVSwitch ports are the bound, it lets the relayed share come close to the one that
+    balances the ports (on dgx-h100-4 about a 49th of a shard)."""
+    assert max(railgather.CHUNK_CHOICES) <= MAX_CNT
+    fabric, demand = _demand("dgx-h100-4", Collective.ALLGATHER)
+    s = rail_gather(fabric, [demand])
+    shape = Shape(**s.meta["shapes"][0]["phases"][0])
+    assert shape.relay and shape.relay / shape.chunks < 1 / 16  # finer than 16 chunks allow
+    assert int(s.count.max()) <= MAX_CNT
+    result = interpret.run(to_xml(s, 0))
+    assert result.ok, str(result)
