@@ -250,6 +250,14 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     return _Estimate(nvl, nic, max(t, u), copies + len(nic))
 
 
+def chunk_choices(shard: float, rail: Hop, choices: Sequence[int] = CHUNK_CHOICES
+                  ) -> list[int]:
+    """``choices`` but those whose chunks cross a rail in less time than a send's latency
+    (finer chunks there cost more in latency than their finer pieces gain); the first
+    always stays."""
+    return [c for i, c in enumerate(choices) if not i or shard / c * rail.beta >= rail.alpha]
+
+
 def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: bool,
            choices: Sequence[int] = CHUNK_CHOICES, steps: int = MAX_HOST_STEPS
            ) -> tuple[float, Shape]:
@@ -265,7 +273,7 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     best: tuple[float, Shape] = (float("inf"), Shape(1, 0, 0))
     fitting: tuple[float, Shape] | None = None
     seen: set[tuple[object, ...]] = set()  # tails that cut the same pieces are one candidate
-    for c in choices:
+    for c in chunk_choices(shard, rail, choices):
         relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)}
         for r in sorted(relays):
             for split in (k for k in SPLITS if k <= c - r):
@@ -347,7 +355,7 @@ def _shape(fabric: Topology, t: int, d: Demand) -> RailPlan:
             return [(r, search(mates, nh, shard, host, rail, r, (c,), MAX_HOST_STEPS // 2))
                     for r in (True, False)]
 
-        pairs = [phases(c) for c in CHUNK_CHOICES]
+        pairs = [phases(c) for c in chunk_choices(shard, rail)]
         best = min(pairs, key=lambda ph: ph[0][1][0] + ph[1][1][0])
     else:
         reduced = d.collective is Collective.REDUCESCATTER

@@ -220,3 +220,10 @@ def test_the_finest_chunking_moves_a_shard_in_one_msccl_step_and_runs() -> None:
     assert int(s.count.max()) <= MAX_CNT
     result = interpret.run(to_xml(s, 0))
     assert result.ok, str(result)
+
+
+def test_chunks_that_cross_a_rail_faster_than_its_latency_are_not_tried() -> None:
+    rail = Hop(1.7e-6, 1 / 46e9)  # a chunk of 78 KB crosses in one latency
+    assert railgather.chunk_choices(1 << 20, rail) == [1, 2, 4, 8]
+    assert railgather.chunk_choices(16 << 20, rail) == list(railgather.CHUNK_CHOICES)
+    assert railgather.chunk_choices(1 << 10, rail) == [1]  # the first always stays
