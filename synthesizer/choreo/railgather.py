@@ -17,7 +17,8 @@ Per shard of ``chunks`` chunks, rank ``(h, u)`` (host ``h``, slot ``u``):
   towards the end, so the mates' copies of the last arrivals end soon after them);
 * forwards the unrelayed chunks of each shard that arrives on its rail to its mates;
 * sends the relayed chunks of its mates' shards on its rail to every other host, last: they
-  end where they land, so they fill the NICs while the NVSwitch ports drain.
+  end where they land, so they fill the NICs while the NVSwitch ports drain (in a
+  ReduceScatter, also while a NIC waits for the mates to have a piece of the own shard).
 
 Every chunk reaches every rank once (a broadcast tree per shard), so ReduceScatter is the
 same plan on reversed links, inverted in time, and AllReduce that ReduceScatter followed by
@@ -191,7 +192,8 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     copy (every GPU sends its ``turn``-th copy to the mate ``turn`` places on), and where
     the plan is ``reduced`` (a ReduceScatter, the plan inverted) a piece of the own shard
     leaves on the rail once the mates have it: inverted, a GPU cannot reduce the same chunks
-    from its mates and from its rail at once (MSCCL adds them into one buffer). Without
+    from its mates and from its rail at once (MSCCL adds them into one buffer), and the
+    NIC sends the mates' relayed chunks while it waits, where they fit. Without
     ``record`` only the end is estimated (the sends lists stay empty), for the search."""
     cb = shard / shape.chunks
     pieces = shape.pieces
@@ -213,7 +215,22 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     u = 0.0
     arrivals = []  # (when, rail round or 0 for an own piece sent late, first chunk, end)
     last = len(pieces) - 1
+    relays = [(turn, k) for turn in sorted(copied, key=lambda j: copied[j])
+              for k in range(1, hosts)]
+
+    def relay(until: float) -> None:
+        """Send the mates' relayed chunks on the rail, in turn, while they end by ``until``
+        (all of them where it is infinite)."""
+        nonlocal u
+        while relays and max(u, copied[relays[0][0]]) + rail.time(shape.relay * cb) <= until:
+            turn, k = relays.pop(0)
+            u = max(u, copied[turn])
+            nic.append((u, k, 0, shape.relay, turn))
+            u += rail.time(shape.relay * cb)
+
     for i, (lo, hi) in enumerate(pieces):
+        if reduced and not late:  # the NIC waits for the piece's copies: relay meanwhile
+            relay(done[i])
         if reduced and (not late or i == last):
             u = max(u, done[-1] if late else done[i])
         for k, a, b in shape.rail_units(hosts, lo, hi, cut=i == last):
@@ -222,11 +239,7 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             arrivals.append((u, k, max(a, shape.relay), b))
         if late and i < last:
             arrivals.append((u, 0, lo, hi))
-    for turn in sorted(copied, key=lambda j: copied[j]):
-        for k in range(1, hosts):
-            u = max(u, copied[turn])
-            nic.append((u, k, 0, shape.relay, turn))
-            u += rail.time(shape.relay * cb)
+    relay(float("inf"))
     copies = len(nvl)
     # Forward the unrelayed part of what came. A piece that has arrived by the time the
     # NVSwitch port is free joins the one before it where it continues it (same round, next

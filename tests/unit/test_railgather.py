@@ -227,3 +227,19 @@ def test_chunks_that_cross_a_rail_faster_than_its_latency_are_not_tried() -> Non
     assert railgather.chunk_choices(1 << 20, rail) == [1, 2, 4, 8]
     assert railgather.chunk_choices(16 << 20, rail) == list(railgather.CHUNK_CHOICES)
     assert railgather.chunk_choices(1 << 10, rail) == [1]  # the first always stays
+
+
+def test_a_reducescatter_nic_relays_while_it_waits_for_the_mates() -> None:
+    """Inverted, a piece of the own shard leaves on the rail only once the mates have it;
+    the NIC sends the mates' relayed chunks meanwhile instead of idling."""
+    fabric, demand = _demand("dgx-h100-2", Collective.REDUCESCATTER)
+    host, rail = railgather.hops(fabric, demand.ranks)
+    shape = Shape(16, 1, 0, split=2)
+    est = estimate(shape, 8, 2, demand.size / demand.n, host, rail, reduced=True)
+    own = [start for start, _, _, _, turn in est.nic if turn == 0]
+    relayed = [start for start, _, _, _, turn in est.nic if turn]
+    assert len(relayed) == 7 and min(relayed) < max(own)
+    s = rail_gather(fabric, [demand])
+    assert verify(s).ok, verify(s).summary()
+    result = interpret.run(to_xml(s, 0))
+    assert result.ok, str(result)
