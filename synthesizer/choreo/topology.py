@@ -235,6 +235,24 @@ class Topology:
         return hashlib.sha256(blob).hexdigest()
 
     # ---- (de)serialization ---------------------------------------------------------------
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as columns: a routed topology's tens of thousands of Link objects take
+        0.05 s each way one at a time (a service worker hands schedules to its helper
+        process and back). The caches that are columns or small travel along; the
+        per-node ones are rebuilt where needed."""
+        links = self.links
+        kinds = sorted({lk.kind for lk in links})
+        index = {k: i for i, k in enumerate(kinds)}
+        cols, vias = self.columns, self.vias
+        arrays = (cols.src, cols.dst, cols.alpha, cols.bandwidth,
+                  np.fromiter((index[lk.kind] for lk in links), dtype=np.int16,
+                              count=len(links)),
+                  np.fromiter((lk.healthy for lk in links), dtype=bool, count=len(links)),
+                  vias.ptr, vias.links)
+        plain = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "links"}
+        cached = {k: v for k, v in self.__dict__.items() if k in _PICKLED_CACHES}
+        return _unpickle, (plain, tuple(kinds), arrays, cached)
+
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "name": self.name,
@@ -338,6 +356,22 @@ class Topology:
     # ---- construction helpers ------------------------------------------------------------
     def with_links(self, links: Iterable[Link], name: str | None = None) -> Topology:
         return replace(self, links=tuple(links), name=name or self.name)
+
+
+_PICKLED_CACHES = ("columns", "vias", "broken_links", "_fingerprint")
+
+
+def _unpickle(plain: dict[str, Any], kinds: tuple[str, ...], arrays: tuple[np.ndarray, ...],
+              cached: dict[str, Any]) -> Topology:
+    """``Topology.__reduce__``'s columns back into a topology, its caches as they were."""
+    src, dst, alpha, bandwidth, kind, healthy, ptr, hops = (a.tolist() for a in arrays)
+    with collector_paused():  # tens of thousands of small acyclic objects
+        links = tuple(Link(s, d, a, b, kinds[k], h, tuple(hops[ptr[i]:ptr[i + 1]]))
+                      for i, (s, d, a, b, k, h) in enumerate(
+                          zip(src, dst, alpha, bandwidth, kind, healthy, strict=True)))
+    topo = Topology(links=links, **plain)
+    topo.__dict__.update(cached)
+    return topo
 
 
 def _link_to_dict(link: Link) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The compiled cheapest-path search gives the same routes as the Python Dijkstra it replaces
 for routing (which ``choreo.nccl.loads`` still uses for its settle order)."""
 
+import pickle
 import random
 from collections.abc import Callable
 
@@ -100,6 +101,27 @@ def test_a_routed_topology_carries_the_columns_its_links_give() -> None:
                                      if 3 in (lk.src, lk.dst)]].any()
     for name in ("ptr", "links"):  # the vias: from the paths, and from a walk over the links
         assert np.array_equal(getattr(topo.vias, name), getattr(fresh.vias, name)), name
+
+
+def test_a_topology_pickles_as_columns_and_comes_back_equal() -> None:
+    """Service workers hand schedules to their helper process: a routed topology travels
+    as columns, with its column caches, and comes back equal link for link."""
+    fabric = fail_npus(build("dgx-h100-4"), [3])
+    npus = [v for v in fabric.npus if v not in fabric.failed]
+    topo, _ = route(fabric, {(a, b) for a in npus for b in npus if a != b}, 1 << 20)
+    topo.fingerprint()
+    topo.out_links(0)  # a per-node cache, rebuilt where needed rather than sent
+    for original in (fabric, fabric.with_health(frozenset(), [0, 5]), topo):
+        back = pickle.loads(pickle.dumps(original))
+        assert back == original and back.links == original.links
+        assert back.fingerprint() == original.fingerprint()
+        assert back.usable_links() == original.usable_links()
+        assert back.out_links(0) == original.out_links(0)
+    back = pickle.loads(pickle.dumps(topo))
+    assert {"columns", "vias", "_fingerprint"} <= back.__dict__.keys()
+    assert "_adjacency" not in pickle.loads(pickle.dumps(topo)).__dict__
+    for name in ("ptr", "links"):
+        assert np.array_equal(getattr(back.vias, name), getattr(topo.vias, name)), name
 
 
 def _walked_path(topology: Topology, fabric: Topology, link: int) -> tuple[int, ...]:
