@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from choreo import rangeflow
-from choreo.arrays import unique_sorted
+from choreo.arrays import concat_ranges, unique_sorted
 from choreo.collectives import Collective, Demand
 from choreo.errors import ChoreoError
 from choreo.resources import LinkModel, link_model
@@ -316,27 +316,20 @@ class _Verifier:
         a shared user (a fractional share on its port) only after the exclusive ones."""
         s, topo = self.s, self.topo
         nl = len(topo.links)
-        # per model row: resource ids and whether the use is exclusive
-        res_l: list[int] = []
-        exc_l: list[bool] = []
-        rptr = [0]
-        for j, li in enumerate(model.links.tolist()):
-            phys = model.physical_of(j).tolist()
-            if model.fractional[j]:
-                res_l.append(li)
-                exc_l.append(True)
-                res_l.extend(nl + p for p in phys)
-                exc_l.extend([False] * len(phys))
-            elif phys:
-                res_l.extend(nl + p for p in phys)
-                exc_l.extend([True] * len(phys))
-            else:
-                res_l.append(li)
-                exc_l.append(True)
-            rptr.append(len(res_l))
-        rp = np.asarray(rptr, dtype=np.int64)
-        res_a = np.asarray(res_l, dtype=np.int64)
-        exc_a = np.asarray(exc_l, dtype=bool)
+        # per model row, as CSR: its resource ids and whether each use is exclusive. A
+        # share holds itself exclusively and its ports shared; a circuit its ports
+        # exclusively; a purely logical link itself.
+        plen = np.diff(model.ptr)
+        own = model.fractional | (plen == 0)
+        rp = np.zeros(len(model.links) + 1, dtype=np.int64)
+        np.cumsum(own + plen, out=rp[1:])
+        res_a = np.empty(int(rp[-1]), dtype=np.int64)
+        exc_a = np.empty(int(rp[-1]), dtype=bool)
+        res_a[rp[:-1][own]] = model.links[own]
+        exc_a[rp[:-1][own]] = True
+        ports = concat_ranges(rp[:-1] + own, plen)
+        res_a[ports] = nl + model.phys
+        exc_a[ports] = np.repeat(~model.fractional, plen)
         cnt = (rp[1:] - rp[:-1])[k]
         tid = np.repeat(rows, cnt)
         first = np.repeat(rp[k], cnt)
