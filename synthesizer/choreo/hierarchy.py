@@ -296,14 +296,37 @@ def best_shape(shape: Shape, part_bytes: float, host: Hop, rail: Hop, ranks: int
 
 
 class _Sends:
-    """Rank-to-rank sends of chunk ranges, each tagged with its estimated start."""
+    """Rank-to-rank sends of chunk ranges, each tagged with its estimated start, in the
+    order they were added: one at a time or a round of them as arrays."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[float, int, int, int, int, int]] = []
+        self._rows: list[tuple[float, int, int, int, int, int]] = []
+        self._blocks: list[np.ndarray] = []
 
     def add(self, at: float, src: int, dst: int, lo: int, hi: int, op: Op) -> None:
         if hi > lo:
-            self.rows.append((at, src, dst, lo, hi - lo, int(op)))
+            self._rows.append((at, src, dst, lo, hi - lo, int(op)))
+
+    def add_many(self, at: np.ndarray | float, src: np.ndarray, dst: np.ndarray,
+                 lo: np.ndarray | int, hi: np.ndarray | int, op: Op) -> None:
+        """Sends given as equal-length arrays (``at``, ``lo`` and ``hi`` may broadcast)."""
+        at, src, dst, lo, hi = np.broadcast_arrays(at, src, dst, lo, hi)
+        keep = hi > lo
+        self._flush()
+        block = np.empty((int(keep.sum()), 6))
+        block[:, 0], block[:, 1], block[:, 2] = at[keep], src[keep], dst[keep]
+        block[:, 3], block[:, 4], block[:, 5] = lo[keep], (hi - lo)[keep], int(op)
+        self._blocks.append(block)
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._blocks.append(np.asarray(self._rows, dtype=np.float64).reshape(-1, 6))
+            self._rows = []
+
+    def table(self) -> np.ndarray:
+        """Every send as a row of (start, src, dst, first chunk, chunks, op)."""
+        self._flush()
+        return np.concatenate(self._blocks) if self._blocks else np.empty((0, 6))
 
 
 def owners_of(hosts: list[list[tuple[int, int]]],
@@ -404,41 +427,35 @@ def _multiply(out: _Sends, at: list[float], members: list[int], lo: int, hi: int
     core = math.prod(levels)
     extra = len(members) - core
     rounds = iter(at)
+    ranks = np.asarray(members, dtype=np.int64)
+    i = np.arange(core, dtype=np.int64)[:, None]  # a member per row, its turns across
 
-    def cut(b: int) -> int:
+    def cut(b: np.ndarray) -> np.ndarray:
         return lo + b * (hi - lo) // core
 
     if extra:
-        t = next(rounds)
-        for i in range(extra):
-            out.add(t, members[core + i], members[i], lo, hi, Op.REDUCE)
+        out.add_many(next(rounds), ranks[core:], ranks[:extra], lo, hi, Op.REDUCE)
     weights = [math.prod(levels[k + 1:]) for k in range(len(levels))]  # blocks per digit
     for k, r in enumerate(levels):  # reduce-scatter: keep sub-range d, send the others
         w = weights[k]
-        times = [next(rounds) for _ in range(r - 1)]
-        for i in range(core):
-            d = i // w % r
-            base = i - d * w  # the group's first member
-            for turn in range(1, r):
-                u = (d + turn) % r
-                first = _block(i, k, u, levels)
-                out.add(times[turn - 1], members[i], members[base + u * w], cut(first),
-                        cut(first + w), Op.REDUCE)
+        times = np.array([next(rounds) for _ in range(r - 1)])
+        d = i // w % r
+        base = i - d * w  # the group's first member
+        u = (d + np.arange(1, r)) % r
+        first = i // (w * r) * (w * r) + u * w  # the block of digit u at level k
+        out.add_many(times, ranks[i], ranks[base + u * w], cut(first), cut(first + w),
+                     Op.REDUCE)
     for k in reversed(range(len(levels))):  # all-gather: send what is held to the group
         r, w = levels[k], weights[k]
-        times = [next(rounds) for _ in range(r - 1)]
-        for i in range(core):
-            d = i // w % r
-            base = i - d * w
-            first = _block(i, k, d, levels)
-            for turn in range(1, r):
-                u = (d + turn) % r
-                out.add(times[turn - 1], members[i], members[base + u * w], cut(first),
-                        cut(first + w), Op.COPY)
+        times = np.array([next(rounds) for _ in range(r - 1)])
+        d = i // w % r
+        base = i - d * w
+        u = (d + np.arange(1, r)) % r
+        first = i // (w * r) * (w * r) + d * w  # the block it holds
+        out.add_many(times, ranks[i], ranks[base + u * w], cut(first), cut(first + w),
+                     Op.COPY)
     if extra:
-        t = next(rounds)
-        for i in range(extra):
-            out.add(t, members[i], members[core + i], lo, hi, Op.COPY)
+        out.add_many(next(rounds), ranks[:extra], ranks[core:], lo, hi, Op.COPY)
 
 
 def _near_first(members: list[int], levels: Sequence[int]) -> list[int]:
@@ -455,14 +472,6 @@ def _near_first(members: list[int], levels: Sequence[int]) -> list[int]:
         digits = [p // w % r for w, r in zip(weights, levels, strict=True)]
         placed.append(members[sum(d * s for d, s in zip(digits, strides, strict=True))])
     return placed + members[core:]
-
-
-def _block(i: int, k: int, v: int, levels: Sequence[int]) -> int:
-    """First block of the sub-range with digit ``v`` at level ``k`` within member ``i``'s
-    range before level ``k`` (its digits above ``k``; blocks of the finest level)."""
-    w = math.prod(levels[k + 1:])
-    span = w * levels[k]
-    return (i // span) * span + v * w
 
 
 def railed_ranks(fabric: Topology, ranks: Sequence[int]) -> set[int]:
@@ -546,7 +555,7 @@ def hierarchical(fabric: Topology, demands: Sequence[Demand], relay: bool = Fals
     for t, p in enumerate(planned):
         d = p.demand
         sends = plan(d, p.hosts, p.slices.weights, p.host, p.rail, p.railed, p.shape.radices)
-        rows = np.asarray(sends.rows, dtype=np.float64).reshape(-1, 6)
+        rows = sends.table()
         ranks = np.asarray(d.ranks, dtype=np.int64)
         ints = rows[:, 1:].astype(np.int64)
         ints[:, 0], ints[:, 1] = ranks[ints[:, 0]], ranks[ints[:, 1]]
