@@ -29,6 +29,7 @@ like the hierarchical AllReduce (``choreo.hierarchy``).
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -215,15 +216,15 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     u = 0.0
     arrivals = []  # (when, rail round or 0 for an own piece sent late, first chunk, end)
     last = len(pieces) - 1
-    relays = [(turn, k) for turn in sorted(copied, key=lambda j: copied[j])
-              for k in range(1, hosts)]
+    relays = collections.deque((turn, k) for turn in sorted(copied, key=lambda j: copied[j])
+                               for k in range(1, hosts))
 
     def relay(until: float) -> None:
         """Send the mates' relayed chunks on the rail, in turn, while they end by ``until``
         (all of them where it is infinite)."""
         nonlocal u
         while relays and max(u, copied[relays[0][0]]) + rail.time(shape.relay * cb) <= until:
-            turn, k = relays.pop(0)
+            turn, k = relays.popleft()
             u = max(u, copied[turn])
             nic.append((u, k, 0, shape.relay, turn))
             u += rail.time(shape.relay * cb)
