@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from choreo.arrays import concat_ranges
 from choreo.collector import collector_paused
 from choreo.errors import InputError
 
@@ -319,18 +320,25 @@ class Topology:
                 raise InputError(f"{where}.reducing: node {v} is an NPU, only switches reduce")
 
     def check_connected(self, npus: Sequence[int], where: str = "topology") -> None:
-        """Every NPU in ``npus`` must reach every other over usable links (relays allowed)."""
+        """Every NPU in ``npus`` must reach every other over usable links (relays allowed).
+        Read from the link columns: at 16,384 GPUs a walk a Link at a time took 0.1 s."""
+        cols = self.columns
+        live_src, live_dst = cols.src[cols.usable], cols.dst[cols.usable]
+        sends = np.zeros(self.num_nodes, dtype=bool)
+        sends[live_src] = True
+        takes = np.zeros(self.num_nodes, dtype=bool)
+        takes[live_dst] = True
         for v in npus:
             if v in self.failed:
                 raise InputError(f"{where}: NPU {self.node_name(v)} has failed")
-            if not any(self.usable(i) for i in self._in[v]) or not any(
-                self.usable(i) for i in self._out[v]
-            ):
+            if not (sends[v] and takes[v]):
                 raise InputError(f"{where}: NPU {self.node_name(v)} has no usable links")
         if not npus:
             return
-        for reach in (self._reach(npus[0], forward=True), self._reach(npus[0], forward=False)):
-            missing = [v for v in npus if v not in reach]
+        ranks = np.asarray(npus, dtype=np.int64)
+        for reach in (_reach(self.num_nodes, live_src, live_dst, npus[0]),
+                      _reach(self.num_nodes, live_dst, live_src, npus[0])):
+            missing = ranks[~reach[ranks]].tolist()
             if missing:
                 shown = ", ".join(self.node_name(v) for v in missing[:8])
                 raise InputError(
@@ -338,24 +346,25 @@ class Topology:
                     f"with {len(missing)} NPU(s) ({shown}{', ...' if len(missing) > 8 else ''})"
                 )
 
-    def _reach(self, start: int, forward: bool) -> set[int]:
-        seen = {start}
-        stack = [start]
-        while stack:
-            v = stack.pop()
-            for i in self._out[v] if forward else self._in[v]:
-                if not self.usable(i):
-                    continue
-                link = self.links[i]
-                w = link.dst if forward else link.src
-                if w not in seen:
-                    seen.add(w)
-                    stack.append(w)
-        return seen
-
     # ---- construction helpers ------------------------------------------------------------
     def with_links(self, links: Iterable[Link], name: str | None = None) -> Topology:
         return replace(self, links=tuple(links), name=name or self.name)
+
+
+def _reach(nodes: int, src: np.ndarray, dst: np.ndarray, start: int) -> np.ndarray:
+    """Which nodes ``start`` reaches along the links ``src[i] -> dst[i]``: a breadth-first
+    search a level at a time over the links as CSR."""
+    order = np.argsort(src, kind="stable")
+    heads = dst[order]
+    ptr = np.searchsorted(src[order], np.arange(nodes + 1))
+    seen = np.zeros(nodes, dtype=bool)
+    seen[start] = True
+    frontier = np.array([start], dtype=np.int64)
+    while len(frontier):
+        out = heads[concat_ranges(ptr[frontier], ptr[frontier + 1] - ptr[frontier])]
+        frontier = np.unique(out[~seen[out]])
+        seen[frontier] = True
+    return seen
 
 
 _PICKLED_CACHES = ("columns", "vias", "broken_links", "_fingerprint")
