@@ -38,6 +38,7 @@ from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
+from choreo.teccl.highs import solver
 from choreo.topology import Topology
 
 ENGINE = "tree-packing"
@@ -134,55 +135,54 @@ def pack(fabric: Topology, demand: Demand, deadline_s: float = 10.0) -> Packing 
                      for members in b.members for i in members])
     n, np_ = demand.n, len(links)
 
-    lp = highspy.Highs()
-    lp.setOptionValue("output_flag", False)
-    inf = highspy.kHighsInf
-    lp.addVar(0.0, inf)
-    lp.changeColCost(0, 1.0)
-    for _ in links:
-        lp.addRow(-inf, 0.0, 1, np.array([0], np.int32), np.array([-1.0]))
-    for _ in range(n):
-        lp.addRow(1.0, 1.0, 0, np.array([], np.int32), np.array([]))
-    columns: list[tuple[int, np.ndarray]] = []
+    with solver(1) as lp:  # one thread, as the exact engines use
+        inf = highspy.kHighsInf
+        lp.addVar(0.0, inf)
+        lp.changeColCost(0, 1.0)
+        for _ in links:
+            lp.addRow(-inf, 0.0, 1, np.array([0], np.int32), np.array([-1.0]))
+        for _ in range(n):
+            lp.addRow(1.0, 1.0, 0, np.array([], np.int32), np.array([]))
+        columns: list[tuple[int, np.ndarray]] = []
 
-    def add(root: int, edges: np.ndarray) -> None:
-        load = np.zeros(np_)
-        for e in edges:
-            span = slice(uses_ptr[e], uses_ptr[e + 1])
-            np.add.at(load, uses[span], held[span])
-        rows = np.flatnonzero(load)
-        lp.addCol(0.0, 0.0, inf, len(rows) + 1, np.append(rows, np_ + root).astype(np.int32),
-                  np.append(load[rows], 1.0))
-        columns.append((root, edges))
+        def add(root: int, edges: np.ndarray) -> None:
+            load = np.zeros(np_)
+            for e in edges:
+                span = slice(uses_ptr[e], uses_ptr[e + 1])
+                np.add.at(load, uses[span], held[span])
+            rows = np.flatnonzero(load)
+            lp.addCol(0.0, 0.0, inf, len(rows) + 1, np.append(rows, np_ + root).astype(np.int32),
+                      np.append(load[rows], 1.0))
+            columns.append((root, edges))
 
-    roots = np.arange(n, dtype=np.uint32)
-    src32, dst32 = b.tail.astype(np.uint32), b.head.astype(np.uint32)
-    # Start from the trees of fewest hops (all links priced alike).
-    trees = choreo_engine.min_arborescences(n, src32, dst32, np.ones(len(b.members)), roots)
-    if (trees < 0).any():
-        return None
-    for r in range(n):
-        add(r, trees[r])
-    rounds, lower = 0, 0.0
-    while True:
-        lp.run()
-        rounds += 1
-        solution = lp.getSolution()
-        value = lp.getInfo().objective_function_value
-        price = np.maximum(-np.asarray(solution.row_dual[:np_]), 0.0)
-        dual_root = np.asarray(solution.row_dual[np_:])
-        cost = np.add.reduceat(price[uses] * held, uses_ptr[:-1])
-        trees = choreo_engine.min_arborescences(n, src32, dst32, cost, roots)
-        tree_cost = cost[trees].sum(axis=1)
-        lower = max(lower, float(tree_cost.sum()) / max(float(price.sum()), 1e-300))
-        if (value <= lower * (1 + GAP) or rounds >= MAX_ROUNDS
-                or time.monotonic() - started > deadline_s):
-            break
-        entering = np.flatnonzero(tree_cost < dual_root * (1 - 1e-9))
-        if not len(entering):
-            break
-        for k in entering:
-            add(int(k), trees[k])
+        roots = np.arange(n, dtype=np.uint32)
+        src32, dst32 = b.tail.astype(np.uint32), b.head.astype(np.uint32)
+        # Start from the trees of fewest hops (all links priced alike).
+        trees = choreo_engine.min_arborescences(n, src32, dst32, np.ones(len(b.members)), roots)
+        if (trees < 0).any():
+            return None
+        for r in range(n):
+            add(r, trees[r])
+        rounds, lower = 0, 0.0
+        while True:
+            lp.run()
+            rounds += 1
+            solution = lp.getSolution()
+            value = lp.getInfo().objective_function_value
+            price = np.maximum(-np.asarray(solution.row_dual[:np_]), 0.0)
+            dual_root = np.asarray(solution.row_dual[np_:])
+            cost = np.add.reduceat(price[uses] * held, uses_ptr[:-1])
+            trees = choreo_engine.min_arborescences(n, src32, dst32, cost, roots)
+            tree_cost = cost[trees].sum(axis=1)
+            lower = max(lower, float(tree_cost.sum()) / max(float(price.sum()), 1e-300))
+            if (value <= lower * (1 + GAP) or rounds >= MAX_ROUNDS
+                    or time.monotonic() - started > deadline_s):
+                break
+            entering = np.flatnonzero(tree_cost < dual_root * (1 - 1e-9))
+            if not len(entering):
+                break
+            for k in entering:
+                add(int(k), trees[k])
     x = np.asarray(solution.col_value[1:])  # the loop ends before adding columns
     per_root: list[list[tuple[np.ndarray, float]]] = [[] for _ in range(n)]
     for (root, edges), share in zip(columns, x, strict=True):

@@ -126,3 +126,24 @@ def test_random_fabrics_get_verified_trees_no_faster_than_the_bound(
     # Both are lower bounds: the cuts of ``choreo.bounds`` on any schedule, the packing's
     # on any tree packing, which this schedule is (it may be the tighter of the two).
     assert simulate(s).makespan >= max(bound, s.meta["packing_bound_s"]) * (1 - 1e-9)
+
+
+def test_a_packing_leaves_the_exact_engines_their_solver() -> None:
+    """HiGHS keeps one scheduler per process and fails any run that asks for another thread
+    count: a packing, then the MILP, then solves on two threads and on one, all finish (a
+    service worker that packed trees once failed every MILP after)."""
+    from choreo.portfolio import solve
+    from choreo.teccl.highs import Model
+
+    fabric = build("mi250")
+    assert pack(fabric, Demand(Collective.ALLGATHER, tuple(fabric.npus), 1 << 30)) is not None
+    ring = build("ring-4")
+    milp = solve(ring, [Demand(Collective.ALLGATHER, tuple(ring.npus), 4 << 20)], "milp",
+                 deadline_s=10.0)
+    assert milp.engine == "milp"
+    for threads in (2, 1):
+        m = Model()
+        x = m.add_vars(2, hi=3.0)
+        m.add_rows(np.array([0, 0]), x, 1.0, lo=0.0, hi=4.0)
+        m.set_cost(x, -1.0)
+        assert m.solve(threads=threads).optimal, threads

@@ -7,8 +7,12 @@ index arrays and the whole model is handed to HiGHS once, row-wise.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +24,38 @@ INF = float("inf")
 # within a request's deadline: refuse it before it is built.
 MAX_VARIABLES = 300_000
 MAX_ENTRIES = 3_000_000
+
+
+_scheduler = threading.Lock()
+_threads: int | None = None  # what HiGHS's process-wide scheduler was started with
+_running = 0  # HiGHS instances in use
+
+
+@contextlib.contextmanager
+def solver(threads: int = 1) -> Iterator[Any]:
+    """A quiet HiGHS instance on ``threads`` threads, every HiGHS run of choreo's goes
+    through. HiGHS starts one scheduler per process, with the thread count of its first
+    run, and fails every later run that asks for another count (a service worker whose
+    tree packing ran first then failed every MILP). So the scheduler is started again when
+    no run is in flight; a run that overlaps one with another count takes that count."""
+    import highspy
+
+    global _threads, _running
+    with _scheduler:
+        if threads != _threads and not _running:
+            if _threads is not None:
+                highspy.Highs.resetGlobalScheduler(True)
+            _threads = threads
+        use = threads if _threads is None else _threads
+        _running += 1
+    try:
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("threads", use)
+        yield h
+    finally:
+        with _scheduler:
+            _running -= 1
 
 
 def check_size(count: int, limit: int, engine: str, what: str, unit: str) -> None:
@@ -106,9 +142,11 @@ class Model:
         import highspy
 
         started = time.perf_counter()
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", int(threads))
+        with solver(int(threads)) as h:
+            return self._run(h, highspy, started, minimize, time_limit, gap, first_solution)
+
+    def _run(self, h: Any, highspy: Any, started: float, minimize: bool, time_limit: float,
+             gap: float, first_solution: bool) -> Solution:
         h.setOptionValue("time_limit", max(float(time_limit), 0.01))
         h.setOptionValue("mip_rel_gap", float(gap))
         h.setOptionValue("random_seed", 0)
