@@ -142,16 +142,6 @@ class Model:
         import highspy
 
         started = time.perf_counter()
-        with solver(int(threads)) as h:
-            return self._run(h, highspy, started, minimize, time_limit, gap, first_solution)
-
-    def _run(self, h: Any, highspy: Any, started: float, minimize: bool, time_limit: float,
-             gap: float, first_solution: bool) -> Solution:
-        h.setOptionValue("time_limit", max(float(time_limit), 0.01))
-        h.setOptionValue("mip_rel_gap", float(gap))
-        h.setOptionValue("random_seed", 0)
-        if first_solution:
-            h.setOptionValue("mip_max_improving_sols", 1)
         lp = highspy.HighsLp()
         lp.num_col_ = self.num_vars
         lp.num_row_ = self.num_rows
@@ -175,15 +165,21 @@ class Model:
         if integer.any():
             lp.integrality_ = [highspy.HighsVarType.kInteger if b else
                                highspy.HighsVarType.kContinuous for b in integer.tolist()]
-        h.passModel(lp)
-        h.run()
-        status = h.modelStatusToString(h.getModelStatus())
-        info = h.getInfo()
-        has_point = info.primal_solution_status == 2  # kSolutionStatusFeasible
-        x = np.asarray(h.getSolution().col_value) if has_point else None
-        gap_value = float(info.mip_gap) if integer.any() else 0.0
-        obj = float(info.objective_function_value) if has_point else float("nan")
-        return Solution(status, x, obj, gap_value, time.perf_counter() - started)
+        with solver(int(threads)) as h:
+            h.setOptionValue("time_limit", max(float(time_limit), 0.01))
+            h.setOptionValue("mip_rel_gap", float(gap))
+            h.setOptionValue("random_seed", 0)
+            if first_solution:
+                h.setOptionValue("mip_max_improving_sols", 1)
+            h.passModel(lp)
+            h.run()
+            status = h.modelStatusToString(h.getModelStatus())
+            info = h.getInfo()
+            has_point = info.primal_solution_status == 2  # kSolutionStatusFeasible
+            x = np.asarray(h.getSolution().col_value) if has_point else None
+            gap_value = float(info.mip_gap) if integer.any() else 0.0
+            obj = float(info.objective_function_value) if has_point else float("nan")
+            return Solution(status, x, obj, gap_value, time.perf_counter() - started)
 
 
 def _cat(parts: list[np.ndarray], dtype: type = float) -> np.ndarray:
