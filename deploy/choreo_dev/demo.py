@@ -243,7 +243,7 @@ class Demo:
             return
         sidecar = next((c for c in pod["spec"].get("initContainers") or []
                         if c["name"] == "choreo-unpack"), None)
-        how = (f"mounted ConfigMap [bold]{vol['configMap']['name']}[/] (gzipped XML) into "
+        how = (f"mounted ConfigMap [bold]{vol['configMap']['name']}[/] (compressed XML) into "
                f"its sidecar {sidecar['name']}, which inflates it to /etc/choreo,"
                if sidecar else
                f"mounted ConfigMap [bold]{vol['configMap']['name']}[/] at /etc/choreo and")

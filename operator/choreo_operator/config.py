@@ -47,8 +47,8 @@ class Config(BaseSettings):
         "link) gets its schedule back without a byte written; 0 deletes them at once")
     unpack_image: str | None = Field(
         None, description="image (choreo's own) of the sidecar the webhook adds to tenant "
-        "pods to inflate gzipped schedules: ConfigMaps then hold a tenth of the bytes; unset, "
-        "they hold plain XML and pods mount it directly")
+        "pods to inflate compressed (zstd) schedules: ConfigMaps then hold a tenth of the "
+        "bytes or less; unset, they hold plain XML and pods mount it directly")
     liveness: str | None = Field(None, description="kopf liveness endpoint, e.g. "
                                  "http://127.0.0.1:8080/healthz")
     leader_election: bool = Field(True, description="one of several replicas: only the "

@@ -13,7 +13,7 @@ returned as messages, never raised.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from choreo_api import CollectiveJob, CollectiveJobSpec
@@ -27,6 +27,13 @@ class RankSlot:
     node: str
     gpu: int
     npu: int  # fabric id
+
+
+def pod_part_ends(slots: Sequence[RankSlot]) -> tuple[int, ...]:
+    """Where each pod's run of ranks ends (exclusive): how a large file is cut per pod, so
+    the synthesizer compresses each pod's ranks together."""
+    return tuple(r + 1 for r, s in enumerate(slots)
+                 if r + 1 == len(slots) or slots[r + 1].pod != s.pod)
 
 
 @dataclass

@@ -40,7 +40,7 @@ from choreo_operator.fabric import (
 )
 from choreo_operator.grouping import Group, Member
 from choreo_operator.model import SHIP_ANYWAY, Invalid, NodeInfo, PodInfo
-from choreo_operator.placement import Placement, RankSlot, healthy_slots
+from choreo_operator.placement import Placement, RankSlot, healthy_slots, pod_part_ends
 from choreo_operator.results import Trim
 
 # The request options a CollectiveJob's inputs hash covers (what the operator sets; the hashes
@@ -155,7 +155,7 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
 
     ``trims``: per job and collective, the sizes still asked for (learned when smaller sizes'
     files did not fit a pod's ConfigMap); ``subs``: sub-fabrics cached from earlier rounds;
-    ``packed``: schedules are published gzipped, which the inputs hash covers, so a switch
+    ``packed``: schedules are published compressed, which the inputs hash covers, so a switch
     republishes every job in the new form (a plain hash is the same as before packing)."""
     subs = subs if subs is not None else Subfabrics()
     trims = trims or {}
@@ -198,7 +198,8 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
         sub, ids = subs.get(topo, [s.npu for j in group_jobs for s in placements[j.key].slots],
                             name=f"{topo.name}-{group.scope}")
         tenants = [TenantRequest(j.key, tuple(ids[s.npu] for s in live[j.key]),
-                                 j.spec.collectives, j.spec.weight) for j in group_jobs]
+                                 j.spec.collectives, j.spec.weight, pod_part_ends(live[j.key]))
+                   for j in group_jobs]
         first = group_jobs[0].spec
         # The portfolio where any member asks for it (they are solved jointly), within the
         # smallest budget asked.
@@ -206,7 +207,7 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
         options = RequestOptions(first.dialect, first.instances, first.protocol, restarts,
                                  max_buckets, min(auto) if auto else timeout_seconds,
                                  any(j.spec.when_nccl_faster == SHIP_ANYWAY for j in group_jobs),
-                                 engine="auto" if auto else "", gzip=True)
+                                 engine="auto" if auto else "", codec="zstd")
         fingerprint = sub.fingerprint()
         ranks = tuple((j.key, tuple((s.pod, s.node, s.gpu) for s in live[j.key]))
                       for j in group_jobs)

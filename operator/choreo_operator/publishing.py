@@ -25,13 +25,13 @@ from typing import Any
 from kubernetes_asyncio.client import ApiException
 
 from choreo.collectives import format_size
-from choreo.service.client import bucket_body
+from choreo.service.client import bucket_body, bucket_member_ends
 from choreo_api import CollectiveJob
 from choreo_api.kube import describe
 from choreo_operator import metrics, results, status
 from choreo_operator.kube import CALL_ERRORS
 from choreo_operator.model import SHIP_ANYWAY, PodInfo
-from choreo_operator.placement import RankSlot
+from choreo_operator.placement import RankSlot, pod_part_ends
 from choreo_operator.planning import GroupPlan
 from choreo_operator.reporting import Api, JobState, Reporter, job_path
 
@@ -49,7 +49,7 @@ class Publisher:
         self.pods = pods  # the pods as they are now
         self.poke = poke
         self.split_bytes = split_bytes
-        self.packed = packed  # XML gzipped in ConfigMaps, for pods that inflate it (webhook)
+        self.packed = packed  # XML compressed in ConfigMaps, for pods that inflate it (webhook)
         self.retry_seconds = retry_seconds  # before publishing again after a lost status write
         self.keep_replaced_seconds = keep_replaced_seconds
 
@@ -324,6 +324,7 @@ def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any,
                                 ranks=[
         {"rank": r, "pod": s.pod, "node": s.node, "gpu": s.gpu} for r, s in enumerate(slots)])
     ship_anyway = job.spec.when_nccl_faster == SHIP_ANYWAY
+    parts = pod_part_ends(slots)  # as the request named them
     for spec, coll in zip(job.spec.collectives, result.collectives, strict=True):
         best = None
         sizes: dict[tuple[int, int], results.SizeRange] = {}
@@ -342,7 +343,8 @@ def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any,
             if not to_nccl:  # one range may have two files (legacy: in place, out of place)
                 sizes[(bucket.min_bytes, bucket.max_bytes)] = replace(
                     served, files=(*served.files, key))
-                schedule.files.add(key, bucket_body(bucket), bucket.xml_gzip_member_ends)
+                schedule.files.add(key, bucket_body(bucket), bucket_member_ends(bucket),
+                                   parts)
             if not bucket.verification.ok:
                 schedule.verified = False
                 schedule.errors.extend(bucket.verification.errors)

@@ -8,7 +8,8 @@ holds nothing but XML. When the files exceed what one ConfigMap holds (1 MiB), t
 ConfigMap per pod instead (``<job>-<hash>-r<first rank>``) whose files keep only that pod's
 ``<gpu>`` elements: a rank only reads its own.
 
-Packed schedules hold their XML gzipped under ``binaryData`` (a tenth of the bytes, which the
+Packed schedules hold their XML compressed (zstd) under ``binaryData`` (a tenth of the bytes or
+less, which the
 API server, etcd and every informer of ConfigMaps hold), and a sidecar in each pod inflates
 them (``choreo_operator.unpack``); the rank table and the switch that turns MSCCL off stay
 plain ``data``, which ``env[].valueFrom`` reads.
@@ -24,7 +25,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from choreo.msccl.packed import gzip_xml, inflate_xml, split_members
+from choreo.msccl.packed import codec_of, inflate_xml, pack_xml, plain_size, split_members
 from choreo.msccl.split import split_per_node
 from choreo_api import API_VERSION, CollectiveJob, CollectiveSpec
 
@@ -119,7 +120,7 @@ def nccl_runs(bucket: Any, ship_anyway: bool) -> bool:
 
 
 class Files(Mapping[str, str]):
-    """A schedule's XML files, each kept as the synthesizer sent it (gzipped for any size
+    """A schedule's XML files, each kept as the synthesizer sent it (compressed for any size
     that matters) and inflated whenever it is read; the digest of its text is kept from the
     first read. A schedule cut per pod is cut file by file, so the operator holds one file's
     text at a time beside the pieces, and never the text of a file left out for want of
@@ -129,48 +130,50 @@ class Files(Mapping[str, str]):
     def __init__(self, files: Mapping[str, str | bytes] | None = None) -> None:
         self._files = dict(files or {})
         self._members: dict[str, tuple[int, ...]] = {}
+        self._parts: dict[str, tuple[int, ...]] = {}  # the members' rank ends (none: per rank)
         self._digests: dict[str, str] = {}
 
     def __getitem__(self, key: str) -> str:
         body = self._files[key]
         text = inflate_xml(body)
-        if key not in self._digests and key not in self._members:  # those hash their gzip
+        if key not in self._digests and key not in self._members:  # those hash their bytes
             self._digests[key] = _digest(text)
         return text
 
     def size(self, key: str) -> int:
-        """Bytes of the file's text, without inflating it (gzip's trailer says)."""
+        """Bytes of the file's text, without inflating it where its members say."""
         body = self._files[key]
-        if isinstance(body, bytes):  # each member's ISIZE: exact below 4 GiB
-            ends = self._members.get(key, (len(body),))
-            return sum(int.from_bytes(body[e - 4:e], "little") for e in ends)
+        if isinstance(body, bytes):
+            size = plain_size(body, self._members.get(key, (len(body),)))
+            return len(self[key].encode()) if size is None else size
         return len(body.encode())
 
     def digest(self, key: str) -> str:
         """SHA-256 of the file's text (read once if it has not been); of a file sent in
-        gzip members, of its gzip, which is as deterministic and needs no inflating."""
+        members, of its compressed bytes, which are as deterministic and need no inflating."""
         if key not in self._digests:
             body = self._files[key]
             if isinstance(body, bytes) and key in self._members:
-                self._digests[key] = "gzip:" + hashlib.sha256(body).hexdigest()
+                self._digests[key] = f"{codec_of(body)}:{hashlib.sha256(body).hexdigest()}"
             else:
                 self[key]
         return self._digests[key]
 
     def per_node(self, key: str, node_of_rank: Sequence[str], packed: bool,
                  ) -> dict[str, str | bytes]:
-        """node name -> the file with only that node's ranks: joined from the file's gzip
+        """node name -> the file with only that node's ranks: joined from the file's
         members where it was sent so (nothing is inflated, or only each node's own part),
         else cut from its text."""
         body = self._files[key]
         if isinstance(body, bytes) and key in self._members:
-            return split_members(body, self._members[key], node_of_rank, packed=packed)
+            return split_members(body, self._members[key], node_of_rank, packed=packed,
+                                 part_ends=self._parts.get(key, ()))
         # The synthesizer's own lowering: the cut checks only what it relies on (expat
         # would take two thirds of the time).
         pieces: dict[str, str | bytes] = dict(split_per_node(self[key], node_of_rank,
                                                              check_xml=False))
         if packed:
-            pieces = {node: gzip_xml(str(text)) for node, text in pieces.items()}
+            pieces = {node: pack_xml(str(text)) for node, text in pieces.items()}
         return pieces
 
     def __iter__(self) -> Iterator[str]:
@@ -180,20 +183,25 @@ class Files(Mapping[str, str]):
         return len(self._files)
 
     def packed(self, key: str) -> bytes:
-        """The file gzipped: as the synthesizer sent it, or compressed now as it would."""
+        """The file compressed: as the synthesizer sent it, or now as it would."""
         body = self._files[key]
-        return body if isinstance(body, bytes) else gzip_xml(body)
+        return body if isinstance(body, bytes) else pack_xml(body)
 
-    def add(self, key: str, body: str | bytes, member_ends: Sequence[int] = ()) -> None:
-        """A file as sent: plain text, or gzip (in members, ending at ``member_ends``)."""
+    def add(self, key: str, body: str | bytes, member_ends: Sequence[int] = (),
+            part_ends: Sequence[int] = ()) -> None:
+        """A file as sent: plain text, or compressed (in members, ending at ``member_ends``,
+        between head and tail one per rank or per part ending before ``part_ends``)."""
         self._files[key] = body
         if member_ends and isinstance(body, bytes):
             self._members[key] = tuple(member_ends)
+            if part_ends:
+                self._parts[key] = tuple(part_ends)
 
     def without(self, keys: Collection[str]) -> Files:
         kept = copy.copy(self)
         kept._files = {k: v for k, v in self._files.items() if k not in keys}
         kept._members = {k: v for k, v in self._members.items() if k not in keys}
+        kept._parts = {k: v for k, v in self._parts.items() if k not in keys}
         kept._digests = {k: v for k, v in self._digests.items() if k not in keys}
         return kept
 

@@ -1,13 +1,14 @@
 """``choreo unpack``: the pod sidecar that inflates a packed schedule for the pod's runtime.
 
-A packed schedule's ConfigMap holds its MSCCL XML gzipped (``binaryData``). The kubelet
+A packed schedule's ConfigMap holds its MSCCL XML compressed (``binaryData``; zstd, or gzip
+from operators before it). The kubelet
 projects it into ``--source`` and swaps a new copy in whenever the ConfigMap changes (the
 job's alias, once its first schedule exists). This copies every file to ``--target``,
-inflating the gzipped ones, the same way: each copy is written whole into a new hidden
+inflating the compressed ones, the same way: each copy is written whole into a new hidden
 directory and made current by renaming one symlink, ``..data``, so a runtime that lists
 ``msccl/`` never sees half a schedule. Top-level names point through ``..data``.
 
-Standard library only: it starts in every tenant pod.
+The standard library and zstandard only: it starts in every tenant pod.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import zstandard
+
 CURRENT = "..data"
 GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ALWAYS = ("msccl",)  # directories the runtime is pointed at, made even when empty
 
 
@@ -57,7 +61,7 @@ def _files(source: Path) -> list[Path]:
 
 
 def unpack(source: Path, target: Path) -> None:
-    """Make ``target`` hold ``source``'s files, gzipped ones inflated, in one step."""
+    """Make ``target`` hold ``source``'s files, compressed ones inflated, in one step."""
     base = _base(source)
     fresh = Path(tempfile.mkdtemp(prefix="..", dir=target))
     try:
@@ -68,6 +72,8 @@ def unpack(source: Path, target: Path) -> None:
             body = path.read_bytes()
             if body.startswith(GZIP_MAGIC):
                 body = gzip.decompress(body)
+            elif body.startswith(ZSTD_MAGIC):
+                body = _unzstd(body)
             (fresh / rel).parent.mkdir(parents=True, exist_ok=True)
             (fresh / rel).write_bytes(body)
         fresh.chmod(0o755)
@@ -90,6 +96,19 @@ def unpack(source: Path, target: Path) -> None:
             (target / name).symlink_to(f"{CURRENT}/{name}")
 
 
+def _unzstd(body: bytes) -> bytes:
+    """Every zstd frame of ``body`` inflated, each checked against its checksum; a file that
+    ends inside a frame is an error, not a shorter schedule."""
+    out = []
+    while body:
+        frame = zstandard.ZstdDecompressor().decompressobj()
+        out.append(frame.decompress(body))
+        if not frame.eof:
+            raise EOFError("compressed file ended inside a zstd frame")
+        body = frame.unused_data
+    return b"".join(out)
+
+
 def run(source: Path, target: Path, interval: float, stop: threading.Event,
         once: bool = False) -> int:
     """Copy now, then whenever the source changes, until ``stop`` is set."""
@@ -101,7 +120,7 @@ def run(source: Path, target: Path, interval: float, stop: threading.Event,
             try:
                 unpack(source, target)
                 seen = now
-            except (OSError, EOFError, gzip.BadGzipFile) as err:  # a copy swapped mid-read
+            except (OSError, EOFError, zstandard.ZstdError) as err:  # a copy swapped mid-read
                 print(f"choreo unpack: {source}: {err}; trying again", file=sys.stderr)
         if once or stop.wait(interval):
             return 0
@@ -117,7 +136,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", type=Path, required=True,
-                   help="the ConfigMap's volume (gzipped files are inflated)")
+                   help="the ConfigMap's volume (compressed files are inflated)")
     p.add_argument("--target", type=Path, required=True,
                    help="where the pod's containers read the files")
     p.add_argument("--interval", type=float, default=1.0,

@@ -7,7 +7,7 @@ container sets it itself. A pod admitted before the schedule exists mounts the j
 ConfigMap and reads the switch that turns MSCCL off from it, in case NCCL turns out faster at
 every size. Pods that already mount a choreo volume are left alone.
 
-Where schedules are packed (gzipped XML), the ConfigMap goes to a sidecar instead (an init
+Where schedules are packed (compressed XML), the ConfigMap goes to a sidecar instead (an init
 container that keeps running, ``choreo unpack``), which inflates it into a volume the pod's
 containers read at the same path; they start once its first copy is there, and it follows
 the ConfigMap's updates as the kubelet's own projection would.

@@ -15,7 +15,13 @@ from service_helpers import Running, quick_request
 
 from choreo.generators import build
 from choreo.service.api import MAX_MESSAGE_BYTES, pb
-from choreo.service.client import RequestOptions, TenantRequest, bucket_xml, build_request
+from choreo.service.client import (
+    RequestOptions,
+    TenantRequest,
+    bucket_body,
+    bucket_xml,
+    build_request,
+)
 from choreo.service.convert import fabric_to_proto
 from choreo.service.status import details_of
 from choreo.topology import NodeKind, Topology, duplex
@@ -139,17 +145,19 @@ def test_sizes_nccl_runs_faster_get_no_file_unless_asked(served: Running) -> Non
     assert forced.result_id != gated.result_id
 
 
-def test_gzip_encoding_carries_the_same_xml_smaller(served: Running) -> None:
+@pytest.mark.parametrize("encoding", [pb.Options.XML_GZIP, pb.Options.XML_ZSTD])
+def test_compressed_encodings_carry_the_same_xml_smaller(served: Running, encoding: int) -> None:
     plain = served.client.synthesize(quick_request("gz", seed=17), timeout=120)
     request = quick_request("gz", seed=17)
-    request.options.xml_encoding = pb.Options.XML_GZIP
+    request.options.xml_encoding = encoding  # type: ignore[assignment]
     packed = served.client.synthesize(request, timeout=120)
     assert not packed.cache_hit  # a different answer, cached separately
     for a, b in zip(plain.tenants[0].collectives[0].buckets,
                     packed.tenants[0].collectives[0].buckets, strict=True):
-        assert b.xml == "" and a.xml_gzip == b""
+        assert b.xml == "" and a.xml_gzip == a.xml_zstd == b""
+        assert bool(b.xml_zstd) == (encoding == pb.Options.XML_ZSTD) != bool(b.xml_gzip)
         assert bucket_xml(b) == a.xml
-        assert len(b.xml_gzip) * 5 < len(a.xml)
+        assert len(bucket_body(b)) * 5 < len(a.xml)
     assert packed.ByteSize() * 3 < plain.ByteSize()
 
 
@@ -274,6 +282,12 @@ def _bad_requests() -> list[tuple[str, pb.SynthesizeRequest | bytes, str]]:
     case("negative weight", "tenants[0].weight", lambda r: setattr(r.tenants[0], "weight", -1))
     case("relay through others", "tenants[0].relay",
          lambda r: setattr(r.tenants[0], "relay", pb.Tenant.RELAY_THROUGH_OTHERS))
+    case("parts not increasing", "tenants[0].part_ends[1]",
+         lambda r: r.tenants[0].part_ends.extend([4, 4, len(r.tenants[0].npus)]))
+    case("parts short of the ranks", "tenants[0].part_ends[0]",
+         lambda r: r.tenants[0].part_ends.append(len(r.tenants[0].npus) - 1))
+    case("unknown xml encoding", "options.xml_encoding",
+         lambda r: setattr(r.options, "xml_encoding", 7))
     case("zero bandwidth", "fabric.links[3].bandwidth_bytes_per_second",
          lambda r: setattr(r.fabric.links[3], "bandwidth_bytes_per_second", 0))
     case("link to nowhere", "fabric.links[0].dst",

@@ -13,11 +13,12 @@ from service_helpers import quick_request
 
 from choreo.collectives import MAX_SIZE, Collective
 from choreo.generators import build
+from choreo.msccl.packed import Codec, codec_of
 from choreo.service import protos, work, worker
 from choreo.service.api import pb
 from choreo.service.buckets import plan_buckets
 from choreo.service.cache import Memo, ResultCache, cache_key
-from choreo.service.client import bucket_xml
+from choreo.service.client import bucket_body, bucket_member_ends, bucket_xml
 from choreo.service.convert import (
     DIALECTS,
     ENGINES,
@@ -200,21 +201,28 @@ def test_a_helper_process_changes_nothing_but_who_does_the_work() -> None:
         lend.close()
 
 
-def test_large_files_come_gzipped_one_member_per_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("codec", "part_ends"), [("gzip", ()), ("zstd", ()), ("zstd", (8, 16))])
+def test_large_files_come_compressed_one_member_per_part(
+        codec: Codec, part_ends: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
     """A file from the size where it will be cut per pod comes in members (its head, each
-    rank's element, its tail) whose ends the bucket lists; the text is the plain answer's."""
+    rank's element or each part's the tenant named, its tail) whose ends the bucket lists;
+    the text is the plain answer's."""
     job = _helper_work()
     plain = _without_timing(work.run(job, lambda *_: None)).tenants[0].collectives[0].buckets
-    packed = Work(job.fabric, job.tenants, replace(job.options, gzip=True), job.result_id)
+    tenants = tuple(replace(t, part_ends=part_ends) for t in job.tenants)
+    packed = Work(job.fabric, tenants, replace(job.options, codec=codec), job.result_id)
     monkeypatch.setattr(work, "MEMBERS_FROM_BYTES", 0)
     members = _without_timing(work.run(packed, lambda *_: None)).tenants[0].collectives[0]
     assert [b.file_name for b in members.buckets] == [b.file_name for b in plain]
     assert sum(bool(b.file_name) for b in plain) >= 2  # the others: NCCL is faster there
     for a, b in ((a, b) for a, b in zip(plain, members.buckets, strict=True) if a.file_name):
-        assert len(b.xml_gzip_member_ends) == 16 + 2 and not b.xml
-        assert b.xml_gzip_member_ends[-1] == len(b.xml_gzip)
+        ends = bucket_member_ends(b)
+        assert len(ends) == len(part_ends or range(16)) + 2 and not b.xml
+        assert ends[-1] == len(bucket_body(b))
+        assert bool(b.xml_zstd) == (codec == "zstd") != bool(b.xml_gzip)
+        assert codec_of(b.xml_zstd or b.xml_gzip) == codec
         assert bucket_xml(b) == a.xml
     monkeypatch.setattr(work, "MEMBERS_FROM_BYTES", 1 << 40)
     whole = _without_timing(work.run(packed, lambda *_: None)).tenants[0].collectives[0]
-    assert all(not b.xml_gzip_member_ends and bucket_xml(b) == a.xml
+    assert all(not bucket_member_ends(b) and bucket_xml(b) == a.xml
                for a, b in zip(plain, whole.buckets, strict=True))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 from msccl_helpers import schedule
 
 from choreo.cli import main
@@ -26,7 +27,17 @@ from choreo.msccl import (
     validate,
 )
 from choreo.msccl.lower import lower
-from choreo.msccl.packed import gzip_parts, gzip_xml, inflate, inflate_xml, split_members
+from choreo.msccl.packed import (
+    CODECS,
+    Codec,
+    codec_of,
+    inflate,
+    inflate_xml,
+    pack_parts,
+    pack_xml,
+    plain_size,
+    split_members,
+)
 from choreo.msccl.parse import parse
 from choreo.msccl.xmlmodel import Gpu
 from choreo.schedule import Schedule
@@ -220,41 +231,79 @@ def test_members_inflate_as_gzip_inflates_them_and_a_damaged_one_is_refused() ->
         inflate(body[:-1] + bytes([body[-1] ^ 1]))  # its length check damaged
 
 
-def test_a_file_gzipped_per_rank_is_cut_per_node_by_joining_members() -> None:
-    """The lowering says where each rank's element lies; gzipped one member per part, the
-    file inflates whole, and each node's file is its new head, its ranks' members as they
-    are and the tail: the same text the cut of the whole file gives, packed or plain."""
+def test_zstd_frames_inflate_as_zstd_inflates_them_and_a_damaged_one_is_refused() -> None:
+    rng = np.random.default_rng(4)
+    raw = [rng.bytes(n) for n in (0, 5, 70_000, 200_000, 1, 131_072)] + [b"<step/>" * 30_000]
+    body = b"".join(zstandard.ZstdCompressor(write_checksum=True).compress(r) for r in raw)
+    reader = zstandard.ZstdDecompressor().decompressobj(read_across_frames=True)
+    assert inflate(body) == reader.decompress(body) == b"".join(raw)
+    with pytest.raises(EOFError):
+        inflate(body[:-3])  # the last frame's checksum cut off
+    with pytest.raises(zstandard.ZstdError):
+        inflate(body[:-1] + bytes([body[-1] ^ 1]))  # its checksum damaged
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_file_compressed_per_rank_is_cut_per_node_by_joining_members(codec: Codec) -> None:
+    """The lowering says where each rank's element lies; compressed one member per part,
+    the file inflates whole, and each node's file is its new head, its ranks' members as
+    they are and the tail: the same text the cut of the whole file gives, packed or plain."""
     low = lower(schedule("dgx-h100-2", "allreduce", 2), 0)
     assert len(low.cuts) == 17
     for rank, (a, b) in enumerate(itertools.pairwise(low.cuts)):
         assert low.text[a:b].startswith(f'  <gpu id="{rank}" ') and low.text[a:b].endswith(
             "</gpu>\n")
-    body, ends = gzip_parts(low.text, low.cuts)
+    body, ends = pack_parts(low.text, low.cuts, codec)
+    assert codec_of(body) == codec
     assert len(ends) == 18 and ends[-1] == len(body)
     assert inflate_xml(body) == low.text
+    assert plain_size(body, ends) == len(low.text.encode())
     nodes = ["node-a"] * 8 + ["node-b"] * 8
     want = split_per_node(low.text, nodes)
     plain = split_members(body, ends, nodes, packed=False)
     packed = split_members(body, ends, nodes, packed=True)
     assert plain == want
     assert {k: inflate_xml(v) for k, v in packed.items()} == want
+    assert all(codec_of(v) == codec for v in packed.values() if isinstance(v, bytes))
     assert all(validate(part) == [] for part in plain.values())
-    whole = gzip_xml(low.text)
+    whole = pack_xml(low.text, codec)
     # The members cost a little room: each restarts the compressor.
-    assert len(whole) < len(body) < 1.5 * len(whole)
+    assert len(whole) < len(body) < 1.6 * len(whole)
     # A head that is not ASCII (a tenant's name in the comment): cuts count characters.
     named = low.text.replace("<!-- ", "<!-- tenant=Zürich-ü ", 1)
     shift = len(named) - len(low.text)
-    body_named, ends_named = gzip_parts(named, [c + shift for c in low.cuts])
+    body_named, ends_named = pack_parts(named, [c + shift for c in low.cuts], codec)
     assert inflate_xml(body_named) == named
     assert split_members(body_named, ends_named, nodes, packed=False) == split_per_node(
         named, nodes)
     with pytest.raises(InputError, match="not contiguous"):
         split_members(body, ends, [f"n{r % 2}" for r in range(16)], packed=True)
-    with pytest.raises(InputError, match="17 gzip members for 16 ranks"):
+    with pytest.raises(InputError, match="17 members for 16 parts of 16 ranks"):
         split_members(body, ends[1:], nodes, packed=True)
     with pytest.raises(InputError, match="does not inflate"):
         split_members(body[:-1] + b"x", ends, nodes, packed=False)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_file_compressed_per_part_is_cut_into_whole_parts_only(codec: Codec) -> None:
+    """Parts of several ranks (a pod's) compress together, in fewer bytes than per rank, and
+    a node made of whole parts gets the same file; one that splits a part is refused."""
+    low = lower(schedule("dgx-h100-2", "allreduce", 2), 0)
+    nodes = ["node-a"] * 8 + ["node-b"] * 8
+    per_rank, _ = pack_parts(low.text, low.cuts, codec)
+    body, ends = pack_parts(low.text, [low.cuts[0], low.cuts[8], low.cuts[16]], codec)
+    assert len(ends) == 4 and len(body) < len(per_rank)
+    assert plain_size(body, ends) == len(low.text.encode())
+    want = split_per_node(low.text, nodes)
+    assert split_members(body, ends, nodes, packed=False, part_ends=(8, 16)) == want
+    packed = split_members(body, ends, nodes, packed=True, part_ends=(8, 16))
+    assert {k: inflate_xml(v) for k, v in packed.items()} == want
+    # four pods of four ranks cannot be cut from parts of eight
+    with pytest.raises(InputError, match="not whole parts"):
+        split_members(body, ends, [f"n{r // 4}" for r in range(16)], packed=True,
+                      part_ends=(8, 16))
+    with pytest.raises(InputError, match="4 members for 4 parts"):
+        split_members(body, ends, nodes, packed=True, part_ends=(4, 8, 12, 16))
 
 
 # ---- relays -------------------------------------------------------------------------------------

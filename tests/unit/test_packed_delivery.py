@@ -1,4 +1,4 @@
-"""Packed schedules: gzipped XML in ConfigMaps, the sidecar the webhook adds, and the sidecar's
+"""Packed schedules: compressed XML in ConfigMaps, the sidecar the webhook adds, and the sidecar's
 own copying (``choreo unpack``) on a directory laid out as the kubelet lays out a ConfigMap."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from api_helpers import valid
 from choreo import msccl
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
-from choreo.msccl.packed import gzip_parts
+from choreo.msccl.packed import CODECS, Codec, pack_parts
 from choreo.synth import synthesize
 from choreo_operator import model, results, webhook
 from choreo_operator.unpack import run, unpack
@@ -51,7 +51,7 @@ def test_a_packed_config_map_holds_the_same_files_in_a_tenth_of_the_bytes(xml: s
         job, _schedule(xml, True), pods, index, "in", "fp", split_bytes=split)
     assert len(parts) == 2 and not none and len(packed) == 1
     body = packed[0]
-    assert set(body["binaryData"]) == {"grads-0.xml"}  # XML gzipped
+    assert set(body["binaryData"]) == {"grads-0.xml"}  # XML compressed
     assert set(body["data"]) == {results.RANKS_KEY}  # what env[].valueFrom may read stays text
     assert results.xml_files(body) == {"grads-0.xml": xml}
     assert results.data_bytes(body) < results.data_bytes(plain[0]) + results.data_bytes(
@@ -80,20 +80,24 @@ def test_packed_pieces_per_pod_inflate_to_the_plain_pieces(xml: str) -> None:
         assert results.data_bytes(b) * 5 < results.data_bytes(a)
 
 
+@pytest.mark.parametrize(("codec", "per_pod"), [(c, p) for c in CODECS for p in (False, True)])
 def test_a_file_sent_in_members_is_cut_per_pod_without_inflating_it(
-        xml: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The synthesizer sends a large file gzipped one member per rank: the operator joins
-    each pod's members and neither inflates nor compresses the file, yet every pod's
-    ConfigMap holds what the cut of the text gives; plain pieces inflate only their own."""
+        xml: str, codec: Codec, per_pod: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The synthesizer sends a large file compressed one member per rank, or per pod where
+    the request named the pods' ranks: the operator joins each pod's members and neither
+    inflates nor compresses the file, yet every pod's ConfigMap holds what the cut of the
+    text gives; plain pieces inflate only their own."""
     job = _job("a")
     pods = {f"p{h}": (8 * h, 8 * h + 7) for h in range(2)}
     index = {p: h for h, p in enumerate(pods)}
-    body, ends = gzip_parts(xml, _cuts(xml))
+    cuts = _cuts(xml)
+    part_ends = (8, 16) if per_pod else ()
+    body, ends = pack_parts(xml, [cuts[0], cuts[8], cuts[16]] if per_pod else cuts, codec)
     for packed in (True, False):
         _, (_, _, want) = results.config_maps(job, _schedule(xml, packed), pods, index, "in",
                                               "fp", split_bytes=10)
         files = results.Files()
-        files.add("grads-0.xml", body, ends)
+        files.add("grads-0.xml", body, ends, part_ends)
         sent = results.Schedule(files, [{"rank": r} for r in range(16)], packed=packed)
         with monkeypatch.context() as m:
             if packed:  # nothing is inflated: the members are joined as they are
@@ -103,11 +107,13 @@ def test_a_file_sent_in_members_is_cut_per_pod_without_inflating_it(
         assert [p.first for p in parts] == [0, 8]
         assert [results.xml_files(b) for b in got] == [results.xml_files(b) for b in want]
         assert files.size("grads-0.xml") == len(xml.encode())
-    # However the file is read first, its digest is its gzip's: one schedule, one name.
+    # However the file is read first, its digest is its compressed bytes': one schedule,
+    # one name.
     read_first = results.Files()
-    read_first.add("grads-0.xml", body, ends)
+    read_first.add("grads-0.xml", body, ends, part_ends)
     assert read_first["grads-0.xml"] == xml
     assert read_first.digest("grads-0.xml") == files.digest("grads-0.xml")
+    assert read_first.digest("grads-0.xml").startswith(f"{codec}:")
 
 
 def _cuts(xml: str) -> list[int]:
@@ -183,13 +189,22 @@ def test_unpack_inflates_a_projection_and_follows_its_swaps(tmp_path: Path, xml:
     source, target = tmp_path / "packed", tmp_path / "files"
     source.mkdir()
     target.mkdir()
-    _project(source, "..v1", {"msccl/grads-0.xml": gzip.compress(xml.encode()),
+    # zstd in frames as the synthesizer sends it; gzip as operators before wrote it
+    zstd, _ = pack_parts(xml, _cuts(xml), "zstd")
+    _project(source, "..v1", {"msccl/grads-0.xml": zstd,
                               "msccl/grads-1.xml": gzip.compress(b"<algo/>"),
                               "ranks.json": b"[]"})
     unpack(source, target)
     assert (target / "msccl" / "grads-0.xml").read_text() == xml
+    assert (target / "msccl" / "grads-1.xml").read_text() == "<algo/>"
     assert (target / "ranks.json").read_bytes() == b"[]"
     first = os.readlink(target / "..data")
+    # A copy cut short (swapped mid-read) is refused whole: the current one stays.
+    _project(source, "..v1b", {"msccl/grads-0.xml": zstd[:-5], "ranks.json": b"[9]"})
+    with pytest.raises(EOFError):
+        unpack(source, target)
+    assert os.readlink(target / "..data") == first
+    assert (target / "ranks.json").read_bytes() == b"[]"
     _project(source, "..v2", {"msccl/grads-0.xml": b"<algo plain=\"1\"/>", "ranks.json": b"[1]"})
     unpack(source, target)
     assert os.listdir(target / "msccl") == ["grads-0.xml"]  # the stale file is gone
@@ -226,7 +241,7 @@ def test_the_sidecar_process_follows_updates_and_stops_on_sigterm(tmp_path: Path
                 time.sleep(0.05)
 
         wait(lambda: (target / "..data").is_symlink(), "the first copy")
-        _project(source, "..v2", {"msccl/grads-0.xml": gzip.compress(xml.encode()),
+        _project(source, "..v2", {"msccl/grads-0.xml": pack_parts(xml, [], "zstd")[0],
                                   "ranks.json": b"[0]"})
         path = target / "msccl" / "grads-0.xml"
         wait(lambda: path.exists() and path.read_text() == xml, "the update")

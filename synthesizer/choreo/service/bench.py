@@ -61,7 +61,7 @@ def _request(tenant: str, seed: int) -> Any:
 
     fabric = build(TOPOLOGY)
     tenant_request = TenantRequest.one(tenant, fabric.npus, "allreduce", MIN_BYTES, MAX_BYTES)
-    return build_request(fabric, [tenant_request], RequestOptions(seed=seed, gzip=True))
+    return build_request(fabric, [tenant_request], RequestOptions(seed=seed, codec="zstd"))
 
 
 def _clients(first: int, kinds: list[str], address: str, ids: list[str], start_at: float,
@@ -384,7 +384,7 @@ def report(r: dict[str, Any], console: Console) -> bool:
     rows += [
         Row("cached p99", _ms(c["p99"]), "-",
             f"plain-XML hit alone: {_ms(a['plain_cached_alone'])} "
-            f"({a['plain_bytes'] / mib:.1f} MiB vs {a['bytes'] / mib:.2f} MiB gzip)"),
+            f"({a['plain_bytes'] / mib:.1f} MiB vs {a['bytes'] / mib:.2f} MiB zstd)"),
     ]
     v = r["revalidate"]
     if v["count"]:

@@ -15,10 +15,12 @@ from typing import Protocol
 import grpc
 
 from choreo.collectives import Collective
-from choreo.msccl.packed import inflate_xml
+from choreo.msccl.packed import Codec, inflate_xml
 from choreo.service.api import MAX_MESSAGE_BYTES, SERVICE, SYNTHESIZE, SYNTHESIZE_STREAM, pb
-from choreo.service.convert import fabric_to_proto
+from choreo.service.convert import CODEC_OF_ENCODING, fabric_to_proto
 from choreo.topology import Topology
+
+ENCODING_OF_CODEC = {codec: encoding for encoding, codec in CODEC_OF_ENCODING.items()}
 
 
 class CollectiveLike(Protocol):
@@ -57,6 +59,9 @@ class TenantRequest:
     npus: Sequence[int]
     collectives: Sequence[CollectiveLike]
     weight: float = 1.0
+    # Where the client cuts a large compressed file (each pod's ranks): exclusive rank ends;
+    # empty: per rank. The parts compress together, and are joined without compressing again.
+    part_ends: tuple[int, ...] = ()
 
     @classmethod
     def one(cls, name: str, npus: Sequence[int], collective: Collective | str, min_bytes: int,
@@ -81,7 +86,7 @@ class RequestOptions:
     ship_slower_than_nccl: bool = False  # files even where NCCL is predicted faster
     seed: int = 0
     engine: str = ""
-    gzip: bool = False  # XML compressed (large tenants' files are tens of MB)
+    codec: Codec | None = None  # XML compressed (large tenants' files are tens of MB)
 
 
 def build_request(fabric: Topology | pb.FabricSnapshot, tenants: Sequence[TenantRequest],
@@ -94,7 +99,7 @@ def build_request(fabric: Topology | pb.FabricSnapshot, tenants: Sequence[Tenant
         options=pb.Options(restarts=o.restarts, seed=o.seed, dialect=o.dialect,
                            instances=o.instances, proto=o.protocol,
                            deadline_seconds=o.deadline_seconds, max_buckets=o.max_buckets,
-                           xml_encoding=pb.Options.XML_GZIP if o.gzip else pb.Options.XML_PLAIN,
+                           xml_encoding=ENCODING_OF_CODEC[o.codec],
                            ship_slower_than_nccl=o.ship_slower_than_nccl, engine=o.engine))
     for t in tenants:
         specs = []
@@ -106,7 +111,7 @@ def build_request(fabric: Topology | pb.FabricSnapshot, tenants: Sequence[Tenant
                 spec.chunks = c.chunks
             specs.append(spec)
         req.tenants.add(name=t.name, npus=list(t.npus), collectives=specs, weight=t.weight,
-                        relay=pb.Tenant.OWN_NPUS_ONLY)
+                        relay=pb.Tenant.OWN_NPUS_ONLY, part_ends=list(t.part_ends))
     return req
 
 
@@ -182,8 +187,13 @@ class Client:
 
 
 def bucket_body(bucket: pb.Bucket) -> str | bytes:
-    """A bucket's MSCCL XML as it was sent: gzip (bytes) or plain text."""
-    return bucket.xml_gzip or bucket.xml
+    """A bucket's MSCCL XML as it was sent: compressed (bytes) or plain text."""
+    return bucket.xml_zstd or bucket.xml_gzip or bucket.xml
+
+
+def bucket_member_ends(bucket: pb.Bucket) -> list[int]:
+    """Where the members of a bucket's compressed XML end (empty: one member)."""
+    return list(bucket.xml_zstd_frame_ends or bucket.xml_gzip_member_ends)
 
 
 def bucket_xml(bucket: pb.Bucket) -> str:

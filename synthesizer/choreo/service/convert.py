@@ -7,6 +7,7 @@ worker see one normalized request whatever the client left unset.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ import grpc
 
 from choreo.collectives import MAX_SIZE, Collective, Demand
 from choreo.errors import InfeasibleError, InputError
+from choreo.msccl.packed import Codec
 from choreo.service.api import pb
 from choreo.service.status import RequestError, invalid
 from choreo.topology import LINK_KINDS, Link, NodeKind, Topology
@@ -30,6 +32,8 @@ MAX_INSTANCES = 32
 DEFAULT_BUCKETS = 4
 MAX_BUCKETS = 16
 MAX_CHUNKS = 1024
+CODEC_OF_ENCODING: dict[pb.Options.XmlEncoding, Codec | None] = {
+    pb.Options.XML_PLAIN: None, pb.Options.XML_GZIP: "gzip", pb.Options.XML_ZSTD: "zstd"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class TenantSpec:
     npus: tuple[int, ...]
     collectives: tuple[CollectiveSpec, ...]
     weight: float
+    part_ends: tuple[int, ...] = ()  # a large compressed file's members: per rank if empty
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class OptionsSpec:
     instances: int
     proto: str
     max_buckets: int
-    gzip: bool
+    codec: Codec | None  # how XML files are compressed; None: plain text
     ship_slower_than_nccl: bool
     # Time budget of the whole request's solves for the anytime engines (auto, milp, lp),
     # whose results depend on it; 0 for greedy, whose results do not.
@@ -182,8 +187,21 @@ def tenants_from_proto(tenants: Sequence[pb.Tenant]) -> tuple[TenantSpec, ...]:
             raise invalid(f"{at}.collectives", "at least one collective is required")
         colls = tuple(_collective(c, f"{at}.collectives[{k}]", len(t.npus))
                       for k, c in enumerate(t.collectives))
-        out.append(TenantSpec(t.name, tuple(t.npus), colls, weight))
+        out.append(TenantSpec(t.name, tuple(t.npus), colls, weight,
+                              _part_ends(t.part_ends, f"{at}.part_ends", len(t.npus))))
     return tuple(out)
+
+
+def _part_ends(ends: Sequence[int], at: str, n: int) -> tuple[int, ...]:
+    if not ends:
+        return ()
+    for k, (a, b) in enumerate(itertools.pairwise([0, *ends])):
+        if b <= a:
+            raise invalid(f"{at}[{k}]", f"must increase, got {b} after {a}")
+    if ends[-1] != n:
+        raise invalid(f"{at}[{len(ends) - 1}]", f"the last part must end at {n} (len(npus)), "
+                      f"got {ends[-1]}")
+    return tuple(ends)
 
 
 def _collective(c: pb.CollectiveSpec, at: str, n: int) -> CollectiveSpec:
@@ -232,11 +250,11 @@ def options_from_proto(o: pb.Options) -> tuple[OptionsSpec, float]:
         raise invalid("options.max_buckets", f"at most {MAX_BUCKETS}, got {buckets}")
     if not (math.isfinite(o.deadline_seconds) and o.deadline_seconds >= 0):
         raise invalid("options.deadline_seconds", f"must be >= 0, got {o.deadline_seconds}")
-    if o.xml_encoding not in (pb.Options.XML_PLAIN, pb.Options.XML_GZIP):
+    if o.xml_encoding not in CODEC_OF_ENCODING:
         raise invalid("options.xml_encoding", f"unknown encoding {o.xml_encoding}")
     budget = 0.0 if engine == "greedy" else (o.deadline_seconds or DEFAULT_ENGINE_SECONDS)
     spec = OptionsSpec(engine, restarts, o.seed, dialect, instances, proto, buckets,
-                       o.xml_encoding == pb.Options.XML_GZIP, o.ship_slower_than_nccl, budget)
+                       CODEC_OF_ENCODING[o.xml_encoding], o.ship_slower_than_nccl, budget)
     return spec, o.deadline_seconds
 
 
@@ -247,7 +265,7 @@ def spec_key(tenants: tuple[TenantSpec, ...], options: OptionsSpec) -> bytes:
     would cost more than the rest of a cache hit.
     """
     doc = [
-        [[t.name, t.npus, t.weight,
+        [[t.name, t.npus, t.weight, t.part_ends,
           [[c.collective.value, c.min_bytes, c.max_bytes, c.chunks, c.root, c.max_buckets]
            for c in t.collectives]] for t in tenants],
         [getattr(options, f.name) for f in fields(OptionsSpec)],

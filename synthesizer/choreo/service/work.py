@@ -28,7 +28,7 @@ from choreo.hierarchy import applies
 from choreo.msccl.buckets import BucketFile, plan_files
 from choreo.msccl.layout import max_buckets
 from choreo.msccl.lower import lowerable
-from choreo.msccl.packed import gzip_parts, gzip_xml
+from choreo.msccl.packed import Codec, pack_parts, pack_xml
 from choreo.nccl.compare import versus_nccl
 from choreo.report import evaluate
 from choreo.schedule import Schedule
@@ -39,9 +39,9 @@ from choreo.service.status import RequestError, invalid
 from choreo.synth import SynthOptions, auto_chunks, synthesize
 
 MAX_ERRORS = 10
-# Files from this size of text are gzipped one member per rank. Smaller ones, a tenth of
-# that gzipped, usually fit a ConfigMap whole, where per-rank members would only cost room
-# (a 64-GPU file: a fifth more bytes).
+# Files from this size of text are compressed one member per part (a rank, or a pod's ranks
+# the client named). Smaller ones, a tenth of that compressed, usually fit a ConfigMap
+# whole, where members would only cost room (a 64-GPU file: a fifth more bytes per rank).
 MEMBERS_FROM_BYTES = 8 << 20
 
 Say = Callable[[str, str, int, int], None]  # stage, message, done, total
@@ -93,21 +93,25 @@ class _Judge:
 
 @dataclass(frozen=True)
 class _Encode:
-    """Lower one bucket's file to MSCCL XML, gzipped if the client asked."""
+    """Lower one bucket's file to MSCCL XML, compressed if the client asked."""
 
     file: BucketFile
-    gzip: bool
+    codec: Codec | None
+    part_ends: tuple[int, ...] = ()  # the tenant's parts; empty: one per rank
 
     def run(self) -> tuple[str | bytes, list[int], int | None]:
-        """The file's body, where its gzip members end (a large file: one member per rank,
-        so the operator cuts it per node without compressing again), and the upper end of
-        the range it serves (legacy files stop where their scratch would grow too large)."""
+        """The file's body, where its members end (a large file: one member per part, so
+        the operator cuts it per pod without compressing again), and the upper end of the
+        range it serves (legacy files stop where their scratch would grow too large)."""
         done = self.file.lowering()
-        if not self.gzip:
+        if self.codec is None:
             return done.text, [], done.max_bytes
         if len(done.text) < MEMBERS_FROM_BYTES:
-            return gzip_xml(done.text), [], done.max_bytes
-        body, ends = gzip_parts(done.text, done.cuts)
+            return pack_xml(done.text, self.codec), [], done.max_bytes
+        # cuts: the head's end, then each rank's; a part ending before rank e ends at cuts[e]
+        cuts = ([done.cuts[0], *(done.cuts[e] for e in self.part_ends)] if self.part_ends
+                else done.cuts)
+        body, ends = pack_parts(done.text, cuts, self.codec)
         return body, ends, done.max_bytes
 
 
@@ -159,7 +163,8 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
     # One round leaves the helper idle while the worker judges it: the files are lowered
     # meanwhile, and those NCCL is predicted to beat are dropped unsent.
     ahead = helper is not None and len(schedules) == 1
-    encodes: list[Task] = [_Encode(files[key][b], opts.gzip) for key, b in every] if ahead else []
+    encodes: list[Task] = ([_encode(files[key][b], work, key[0]) for key, b in every]
+                           if ahead else [])
     what = "schedules judged and files lowered" if ahead else "schedules judged"
     first = _share(judges + encodes, helper, lambda done, task: say(
         "lowering" if isinstance(task, _Encode) else "evaluating",
@@ -178,7 +183,7 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
     lowered = [(key, b) for key in solved for b, f in enumerate(files[key])
                if not nccl_runs(solved[key][f.bucket])]
     encoded = {kb: early[kb] for kb in lowered} if ahead else dict(zip(lowered, _share(
-        [_Encode(files[key][b], opts.gzip) for key, b in lowered], helper,
+        [_encode(files[key][b], work, key[0]) for key, b in lowered], helper,
         lambda done, _task: say("lowering", f"{done} of {len(lowered)} files lowered",
                                 2 * len(rounds) + done, total)), strict=True))
     response = pb.SynthesizeResponse(fabric_fingerprint=fabric.fingerprint(), engine=opts.engine,
@@ -208,13 +213,20 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
                 bucket = res.buckets.add(
                     max_bytes=s.bucket.hi if served is None else served,
                     file_name=prefix + f.name, **common)
-                if isinstance(body, bytes):
+                if isinstance(body, bytes) and opts.codec == "zstd":
+                    bucket.xml_zstd = body
+                    bucket.xml_zstd_frame_ends.extend(ends)
+                elif isinstance(body, bytes):
                     bucket.xml_gzip = body
                     bucket.xml_gzip_member_ends.extend(ends)
                 else:
                     bucket.xml = body
     response.synthesis_seconds = time.perf_counter() - started
     return response.SerializeToString()
+
+
+def _encode(file: BucketFile, work: Work, tenant: int) -> _Encode:
+    return _Encode(file, work.options.codec, work.tenants[tenant].part_ends)
 
 
 def _share(tasks: list[Task], helper: Connection | None,
