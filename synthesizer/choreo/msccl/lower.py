@@ -26,8 +26,10 @@ words their errors.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -45,7 +47,8 @@ from choreo.msccl.layout import (
     input_index,
     output_index,
 )
-from choreo.msccl.split import rank_nodes
+from choreo.msccl.packed import Codec, pack_members
+from choreo.msccl.split import TAIL, rank_nodes
 from choreo.msccl.xmlmodel import Algo, head_text
 from choreo.schedule import Op, Schedule
 from choreo.simulate import node_atoms
@@ -58,17 +61,39 @@ ABSENT, SPLIT = -1, -2  # an atom's offset: not in that buffer; its chunks apart
 
 @dataclass
 class Lowering:
-    """The program as XML text, with the facts tests and the bench report."""
+    """The program as XML, with the facts tests and the bench report. Its ``<gpu>``
+    elements stay the bytes the compiled pass wrote (ASCII) until the text is asked for: a
+    1,024-GPU file is 60 MB, which the service only compresses (``packed``)."""
 
-    text: str
-    # Where the text is cut between its parts: after the head (the comment and the <algo>
-    # start tag), then after each rank's <gpu> element; the tail (</algo>) follows the last.
-    cuts: tuple[int, ...]
+    head: str  # the leading comment and the <algo> start tag
+    gpus: bytes  # every rank's <gpu> element, in rank order
+    gpu_ends: tuple[int, ...]  # where each rank's element ends in ``gpus``
     epochs: int
     base_channels: int
     fused: int
     max_steps: int
     max_bytes: int | None  # the inclusive upper end the file serves (None: unlimited)
+
+    @cached_property
+    def text(self) -> str:
+        return f"{self.head}\n{self.gpus.decode('ascii')}{TAIL}"
+
+    @property
+    def cuts(self) -> tuple[int, ...]:
+        """Where the text is cut between its parts, in characters: after the head, then
+        after each rank's element; the tail (``</algo>``) follows the last."""
+        at = len(self.head) + 1
+        return (at, *(at + end for end in self.gpu_ends))
+
+    def packed(self, codec: Codec, part_ends: Sequence[int] = ()) -> tuple[bytes, list[int]]:
+        """The file compressed one member per part (``packed.pack_parts``): its head, the
+        ranks' elements up to each of ``part_ends`` (exclusive; default: one per rank), its
+        tail. The elements are compressed from the bytes as they are, never decoded."""
+        ends = [self.gpu_ends[e - 1] for e in part_ends] if part_ends else self.gpu_ends
+        gpus = memoryview(self.gpus)
+        return pack_members([f"{self.head}\n".encode(),
+                             *(gpus[a:b] for a, b in itertools.pairwise([0, *ends])),
+                             TAIL.encode()], codec)
 
     @cached_property
     def algo(self) -> Algo:
@@ -430,9 +455,7 @@ class _Program:
         served = self._served(min_bytes, max_bytes, out["scratch"], units.L)
         head = head_text(self._header(units, out["nchannels"], proto, min_bytes, served, name,
                                       calls), self._comment(instances))
-        at = len(head) + 1
-        return Lowering(f"{head}\n{out['text']}</algo>\n",
-                        (at, *(at + end for end in out["gpu_ends"])), out["epochs"],
+        return Lowering(head, out["text"], tuple(out["gpu_ends"]), out["epochs"],
                         self.base_channels, out["fused"], out["max_steps"], served)
 
     def _served(self, min_bytes: int, max_bytes: int | None, scratch: int, L: int) -> int | None:

@@ -42,10 +42,15 @@ def pack_xml(text: str, codec: Codec = "zstd") -> bytes:
 def pack_parts(text: str, cuts: Sequence[int], codec: Codec = "zstd",
                ) -> tuple[bytes, list[int]]:
     """``text`` compressed one member per part (cut at ``cuts``, offsets in characters: a
-    tenant's name in the head may be any text), and where each member ends in bytes.
-    Compressed on two threads: zlib and zstd let go of the GIL."""
+    tenant's name in the head may be any text), and where each member ends in bytes."""
     bounds = [0, *cuts, len(text)]
-    parts = [text[a:b].encode() for a, b in itertools.pairwise(bounds)]
+    return pack_members([text[a:b].encode() for a, b in itertools.pairwise(bounds)], codec)
+
+
+def pack_members(parts: Sequence[bytes | memoryview], codec: Codec = "zstd",
+                 ) -> tuple[bytes, list[int]]:
+    """Each part compressed as one member, the members joined, and where each ends.
+    Compressed on two threads: zlib and zstd let go of the GIL."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         members = list(pool.map(lambda p: _compress(p, codec), parts, chunksize=16))
     return b"".join(members), list(itertools.accumulate(len(m) for m in members))
@@ -141,7 +146,7 @@ def split_members(body: bytes, ends: Sequence[int], node_of_rank: Sequence[str],
     return out
 
 
-def _compress(data: bytes, codec: Codec) -> bytes:
+def _compress(data: bytes | memoryview, codec: Codec) -> bytes:
     if codec == "zstd":
         return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True).compress(data)
     return gzip.compress(data, compresslevel=1, mtime=0)

@@ -28,7 +28,7 @@ from choreo.hierarchy import applies
 from choreo.msccl.buckets import BucketFile, plan_files
 from choreo.msccl.layout import max_buckets
 from choreo.msccl.lower import lowerable
-from choreo.msccl.packed import Codec, pack_parts, pack_xml
+from choreo.msccl.packed import Codec, pack_xml
 from choreo.nccl.compare import versus_nccl
 from choreo.report import evaluate
 from choreo.schedule import Schedule
@@ -106,12 +106,9 @@ class _Encode:
         done = self.file.lowering()
         if self.codec is None:
             return done.text, [], done.max_bytes
-        if len(done.text) < MEMBERS_FROM_BYTES:
+        if len(done.gpus) < MEMBERS_FROM_BYTES:
             return pack_xml(done.text, self.codec), [], done.max_bytes
-        # cuts: the head's end, then each rank's; a part ending before rank e ends at cuts[e]
-        cuts = ([done.cuts[0], *(done.cuts[e] for e in self.part_ends)] if self.part_ends
-                else done.cuts)
-        body, ends = pack_parts(done.text, cuts, self.codec)
+        body, ends = done.packed(self.codec, self.part_ends)
         return body, ends, done.max_bytes
 
 

@@ -3,7 +3,7 @@
 use numpy::{IntoPyArray, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::arborescence;
 use crate::greedy::{synthesize_best, Options, Problem};
@@ -91,7 +91,8 @@ fn greedy<'py>(
 }
 
 /// The MSCCL lowering of one tenant (see `lowering.rs`): a dict with the `<gpu>` elements as
-/// `text` and the plan's facts, or with `error` (its kind) and `at` (up to three indices).
+/// `text` (ASCII bytes) and the plan's facts, or with `error` (its kind) and `at` (up to three
+/// indices).
 #[pyfunction]
 #[pyo3(signature = (
     n, src, dst, reduce, count, chunk, order, pos, base, base_channels,
@@ -164,7 +165,8 @@ fn lower_tenant<'py>(
     let out = PyDict::new(py);
     match result {
         Ok(o) => {
-            out.set_item("text", o.text)?;
+            // ASCII bytes: a 1,024-GPU tenant's elements are 60 MB, which a str would decode.
+            out.set_item("text", PyBytes::new(py, o.text.as_bytes()))?;
             out.set_item("gpu_ends", o.gpu_ends)?;
             out.set_item("epochs", o.epochs)?;
             out.set_item("fused", o.fused)?;
