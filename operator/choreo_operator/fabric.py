@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from choreo import generators
 from choreo.errors import ChoreoError, InputError
@@ -493,10 +494,26 @@ def _between(topo: Topology, a: int, b: int) -> list[int]:
 class _Cut:
     sub: Topology
     ids: dict[int, int]
-    links: frozenset[int]  # the fabric links it holds
+    held: tuple[int, ...]  # the fabric links it holds, in the order of its own
     health: tuple[frozenset[int], frozenset[int]]  # its broken links and failed nodes
-    checked: bool = False  # whether its NPUs were checked to be connected
+    checked: bool = False  # whether its live NPUs were checked to be connected
     disconnected: str | None = None  # why they are not
+
+    @cached_property
+    def links(self) -> frozenset[int]:
+        return frozenset(self.held)
+
+    def with_health(self, health: tuple[frozenset[int], frozenset[int]]) -> _Cut | None:
+        """This cut with other broken links and failed nodes, without cutting again (its
+        GPUs and switches do not depend on health); None where a link it has broken is
+        whole again, which ``Topology.with_health`` cannot undo."""
+        broken, failed = health
+        if not self.health[0] <= broken:
+            return None
+        at = {link: i for i, link in enumerate(self.held)}
+        sub = self.sub.with_health(frozenset(self.ids[v] for v in failed),
+                                   (at[i] for i in broken))
+        return _Cut(sub, self.ids, self.held, health)
 
 
 class Subfabrics:
@@ -567,12 +584,14 @@ class Subfabrics:
         return cut.sub, cut.ids
 
     def disconnected(self, topo: Topology, npus: Sequence[int]) -> str | None:
-        """Why the tenant on ``npus`` cannot run on its own GPUs, or None. Its sub-fabric
-        holds exactly what its data may cross (its GPUs and the switches between them)."""
+        """Why the tenant placed on ``npus`` cannot run on its own live GPUs, or None. Its
+        sub-fabric holds exactly what its data may cross (its GPUs and the switches between
+        them); a failed GPU stays in it, as failed, so a failure changes only its health."""
         cut = self._cut(topo, npus, "")
         if not cut.checked:
+            live = [cut.ids[v] for v in npus if v not in topo.failed]
             try:
-                cut.sub.check_connected([cut.ids[v] for v in npus], "tenant")
+                cut.sub.check_connected(live, "tenant")
             except ChoreoError as err:
                 cut.disconnected = str(err)
             cut.checked = True
@@ -591,11 +610,14 @@ class Subfabrics:
         key = (name, _ids(npus))
         self._used.add(key)
         cut = self._cuts.get(key)
-        if cut is None or self._health(topo, cut.links, cut.ids) != cut.health:
+        health = None if cut is None else self._health(topo, cut.links, cut.ids)
+        if cut is not None and health != cut.health:
+            assert health is not None
+            cut = cut.with_health(health)
+        if cut is None:
             sub, ids, held = _cut(topo, key[1], name)
-            links = frozenset(held)
-            cut = _Cut(sub, ids, links, self._health(topo, links, ids))
-            self._cuts[key] = cut
+            cut = _Cut(sub, ids, held, self._health(topo, frozenset(held), ids))
+        self._cuts[key] = cut
         return cut
 
     def _health(self, topo: Topology, links: frozenset[int],

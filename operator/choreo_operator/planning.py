@@ -178,8 +178,7 @@ def plan_groups(jobs: Sequence[CollectiveJob], placements: Mapping[str, Placemen
             blocked[job.key] = ("Pending", "TooFewRanks",
                                 f"{len(slots)} healthy GPU(s) placed; a collective needs 2")
             continue
-        tenant_npus = pl.npus if slots is pl.slots else tuple(s.npu for s in slots)
-        why = subs.disconnected(topo, tenant_npus)
+        why = subs.disconnected(topo, pl.npus)
         if why:
             blocked[job.key] = ("Infeasible", "TenantDisconnected", why)
             continue

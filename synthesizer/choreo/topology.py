@@ -232,8 +232,22 @@ class Topology:
 
     @cached_property
     def _fingerprint(self) -> str:
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()
+        """What ``to_dict`` holds, hashed from the link columns: the JSON document of a
+        1,024-GPU fabric's 16,000 links took 0.03-0.08 s, twice on every failure's path (the
+        operator's cut and the service's cache key)."""
+        links, cols = self.links, self.columns
+        kinds = sorted({lk.kind for lk in links})
+        index = {k: i for i, k in enumerate(kinds)}
+        h = hashlib.sha256()
+        for part in (self.name, [k.value for k in self.kinds], self.names, kinds,
+                     sorted(self.failed), self.dims, sorted(self.reducing)):
+            h.update(json.dumps(part, separators=(",", ":")).encode() + b"\0")
+        for column in (cols.src, cols.dst, cols.alpha, cols.bandwidth,
+                       np.fromiter((index[lk.kind] for lk in links), dtype=np.int64,
+                                   count=len(links)),
+                       np.fromiter((lk.healthy for lk in links), dtype=bool, count=len(links))):
+            h.update(column.tobytes())
+        return h.hexdigest()
 
     # ---- (de)serialization ---------------------------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:

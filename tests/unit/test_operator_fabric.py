@@ -8,6 +8,7 @@ import pytest
 from api_helpers import fabric, failure, node_fabric, valid
 
 from choreo import generators
+from choreo.errors import ChoreoError
 from choreo.topology import Topology
 from choreo_api import DeviceFailure
 from choreo_operator import model
@@ -183,6 +184,39 @@ def test_subfabrics_are_reused_until_their_own_health_changes() -> None:
     cache.keep_used()
     cache.keep_used()  # not asked for in between: forgotten
     assert cache.get(inside, mine, "t")[0] is not cut
+
+
+def test_a_cut_follows_failures_and_recoveries_as_a_fresh_cut_would() -> None:
+    """A failure changes only the health of a tenant's cut (its failed GPU stays in it, as
+    failed): the cached cut, marked again, is the fresh cut of the fabric, and its verdict is
+    the one a cut of the live GPUs alone gives."""
+    spec = fabric(4, type="rail", rails=8)
+    fab = build_fabric(spec, {})
+    mine = tuple(v for v in (fab.gpu(n, g) for n in ("n0", "n1") for g in range(8))
+                 if v is not None)
+    steps = [[], [failure("a", "n0", "gpu", gpu=2)],
+             [failure("a", "n0", "gpu", gpu=2), failure("b", "n1", "nic", nic="nic3")],
+             [failure("b", "n1", "nic", nic="nic3")], [],
+             [failure(f"c{g}", "n1", "gpu", gpu=g) for g in range(8)],
+             [failure(f"d{k}", "n1", "nic", nic=f"nic{k}") for k in range(8)],
+             [failure("a", "n0", "gpu", gpu=2)]]
+    cache = Subfabrics()
+    verdicts = set()
+    for failures in steps:
+        topo = build_fabric(spec, {}, failures).topology
+        got, ids = cache.get(topo, mine, "t")
+        want, want_ids = subfabric(topo, mine, "t")
+        assert got == want and ids == want_ids and got.fingerprint() == want.fingerprint()
+        live = [v for v in mine if v not in topo.failed]
+        alone, alone_ids = subfabric(topo, live)
+        try:
+            alone.check_connected([alone_ids[v] for v in live], "tenant")
+            expected = None
+        except ChoreoError as err:
+            expected = str(err)
+        assert cache.disconnected(topo, mine) == expected
+        verdicts.add(expected is None)
+    assert verdicts == {True, False}  # both verdicts were met
 
 
 def test_connectivity_is_learned_once_per_cut_and_follows_its_health(

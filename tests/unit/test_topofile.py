@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -229,3 +230,25 @@ def test_dict_round_trip_property(links: list[Link], failed: set[int]) -> None:
     doc = json.loads(json.dumps(topo.to_dict()))
     assert topology_from_doc(doc) == topo
     assert Topology.from_dict(doc) == topo
+
+
+def test_the_fingerprint_tells_apart_every_field_to_dict_holds() -> None:
+    """Hashed from the columns, it still changes with anything the document holds, and only
+    with that: an equal fabric built again has the same one."""
+    topo = build("dgx-h100-2")
+    same = Topology.from_dict(topo.to_dict())
+    assert same.fingerprint() == topo.fingerprint()
+    first = topo.links[0]
+    variants = [
+        replace(topo, name="other"),
+        replace(topo, links=(replace(first, alpha=first.alpha * 2), *topo.links[1:])),
+        replace(topo, links=(replace(first, bandwidth=first.bandwidth / 2), *topo.links[1:])),
+        replace(topo, links=(replace(first, kind=first.kind + "x"), *topo.links[1:])),
+        replace(topo, links=(replace(first, dst=topo.links[1].dst), *topo.links[1:])),
+        topo.with_health(frozenset(), [0]),
+        topo.with_health(frozenset({1}), []),
+        replace(topo, names=tuple(f"x{i}" for i in range(topo.num_nodes))),
+        replace(topo, reducing=frozenset({topo.switches[0]})),
+    ]
+    prints = {v.fingerprint() for v in variants}
+    assert len(prints) == len(variants) and topo.fingerprint() not in prints
