@@ -51,20 +51,21 @@ def route_loads(topo: Topology, src: np.ndarray, dst: np.ndarray, nbytes: np.nda
     span = topo.num_nodes
     key, inv = np.unique(src.astype(np.int64) * span + dst, return_inverse=True)
     total = np.bincount(inv, weights=nbytes)
-    by_src: dict[int, dict[int, float]] = {}
-    for k, w in zip(key.tolist(), total.tolist(), strict=True):
-        by_src.setdefault(k // span, {})[k % span] = w
-    router = Router(topo, router_bytes)
-    pairs = router.paths_from({a: list(bs) for a, bs in by_src.items()})  # compiled search
-    alpha = [lk.alpha for lk in topo.links]
-    hops: list[int] = []
-    weights: list[float] = []
-    for (a, b), path in pairs.items():
-        hops += path
-        weights += [by_src[a][b]] * len(path)
-        at = 0.0
-        for i in path:  # summed from the source, as the search reached it
-            at += alpha[i]
-        out.alpha[(a, b)] = at
-    np.add.at(out.bytes, np.asarray(hops, dtype=np.int64), np.asarray(weights))
+    if not len(key):
+        return out
+    # The pairs in ``key`` order: by source, then target (the compiled search's CSR layout).
+    pair_src, pair_dst = key // span, key % span
+    sources, starts = np.unique(pair_src, return_index=True)
+    ptr = np.append(starts, len(key)).astype(np.int64)
+    path_ptr, path_links = Router(topo, router_bytes).path_columns(sources, ptr, pair_dst)
+    lengths = np.diff(path_ptr)
+    np.add.at(out.bytes, path_links, np.repeat(total, lengths))
+    # Each path's latency summed hop by hop from the source, as the search reached it.
+    alpha = topo.columns.alpha[path_links]
+    at = np.zeros(len(key))
+    for hop in range(int(lengths.max())):
+        more = lengths > hop
+        at[more] += alpha[path_ptr[:-1][more] + hop]
+    out.alpha.update(zip(zip(pair_src.tolist(), pair_dst.tolist(), strict=True), at.tolist(),
+                         strict=True))
     return out
