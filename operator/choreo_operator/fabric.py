@@ -610,10 +610,10 @@ class Subfabrics:
         key = (name, _ids(npus))
         self._used.add(key)
         cut = self._cuts.get(key)
-        health = None if cut is None else self._health(topo, cut.links, cut.ids)
-        if cut is not None and health != cut.health:
-            assert health is not None
-            cut = cut.with_health(health)
+        if cut is not None:
+            health = self._health(topo, cut.links, cut.ids)
+            if health != cut.health:
+                cut = cut.with_health(health)
         if cut is None:
             sub, ids, held = _cut(topo, key[1], name)
             cut = _Cut(sub, ids, held, self._health(topo, frozenset(held), ids))

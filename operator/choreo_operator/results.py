@@ -8,11 +8,10 @@ holds nothing but XML. When the files exceed what one ConfigMap holds (1 MiB), t
 ConfigMap per pod instead (``<job>-<hash>-r<first rank>``) whose files keep only that pod's
 ``<gpu>`` elements: a rank only reads its own.
 
-Packed schedules hold their XML compressed (zstd) under ``binaryData`` (a tenth of the bytes or
-less, which the
-API server, etcd and every informer of ConfigMaps hold), and a sidecar in each pod inflates
-them (``choreo_operator.unpack``); the rank table and the switch that turns MSCCL off stay
-plain ``data``, which ``env[].valueFrom`` reads.
+Packed schedules hold their XML compressed (zstd) under ``binaryData`` (a tenth of the bytes
+or less, which the API server, etcd and every informer of ConfigMaps hold), and a sidecar in
+each pod inflates them (``choreo_operator.unpack``); the rank table and the switch that
+turns MSCCL off stay plain ``data``, which ``env[].valueFrom`` reads.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def split_members(body: bytes, ends: Sequence[int], node_of_rank: Sequence[str],
     whole parts."""
     part_ends = list(part_ends) or list(range(1, len(node_of_rank) + 1))
     if (len(ends) != len(part_ends) + 2 or not ends or ends[-1] != len(body)
-            or part_ends[-1] != len(node_of_rank)):
+            or not part_ends or part_ends[-1] != len(node_of_rank)):
         raise InputError(f"split: {len(ends)} members for {len(part_ends)} parts of "
                          f"{len(node_of_rank)} ranks (a head, one per part and a tail)")
     # rank where a part starts -> its member, rank where one ends -> its member
