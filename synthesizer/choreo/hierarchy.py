@@ -361,9 +361,7 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
     slots, owners = owners_of(hosts, railed)
     parts = len(slots)
     shape = Shape(parts, len(hosts), max(len(m) for m in hosts), levels)
-    # Senders rotate by their owner's place in the host, so no owner takes two sends in one
-    # round and every round of a host phase ends before the rail phase starts.
-    place = [{r: pos for pos, (_, r) in enumerate(members)} for members in hosts]
+    rounds = _HostRounds(hosts, owners)
     part_bytes = demand.size / parts
     est = timeline(shape, weights, part_bytes, host, rail, demand.num_chunks / parts)
     out = _Sends()
@@ -372,30 +370,55 @@ def plan(demand: Demand, hosts: list[list[tuple[int, int]]], weights: Sequence[i
     for j in range(len(weights)):
         lo, hi = edges[j], edges[j + 1]
         bounds = [lo + k * (hi - lo) // parts for k in range(parts + 1)]
-        step_host = est.host_send[j]
-        for h, members in enumerate(hosts):  # 1: reduce-scatter inside each host
-            m = len(members)
-            for pos, (_, r) in enumerate(members):
-                for k in range(parts):
-                    if owners[h][k] != r:
-                        turn = (place[h][owners[h][k]] - pos - 1) % m
-                        at = est.host_rs[j] + step_host * turn
-                        out.add(at, r, owners[h][k], bounds[k], bounds[k + 1], Op.REDUCE)
+        rounds.add(out, bounds, est.host_rs[j], est.host_send[j], gather=False)  # 1
         rail_at = [est.rail[j]]
         for seconds in est.rail_sends[j]:
             rail_at.append(rail_at[-1] + seconds)
         for k in range(parts):  # 2: mixed-radix reduce-scatter and all-gather across hosts
             _multiply(out, rail_at, _near_first([o[k] for o in owners], shape.radices),
                       bounds[k], bounds[k + 1], shape.radices)
-        for h, members in enumerate(hosts):  # 3: all-gather inside each host
-            m = len(members)
-            for pos, (_, r) in enumerate(members):
-                for k in range(parts):
-                    if owners[h][k] != r:
-                        turn = (pos - place[h][owners[h][k]] - 1) % m
-                        at = est.host_ag[j] + step_host * turn
-                        out.add(at, owners[h][k], r, bounds[k], bounds[k + 1], Op.COPY)
+        rounds.add(out, bounds, est.host_ag[j], est.host_send[j], gather=True)  # 3
     return out
+
+
+class _HostRounds:
+    """The host phases of ``plan``: every member of every host sends each part it does not
+    own to the part's owner (reduce-scatter), or receives it from the owner (all-gather).
+    Senders rotate by their owner's place in the host, so no owner takes two sends in one
+    round and every round of a host phase ends before the rail phase starts. Every host at
+    once as arrays (host, member, part), padded to the widest host: a 1,024-GPU plan has
+    37,000 of these sends."""
+
+    def __init__(self, hosts: list[list[tuple[int, int]]], owners: list[list[int]]) -> None:
+        width = max(len(m) for m in hosts)
+        self.size = np.array([len(m) for m in hosts])[:, None, None]
+        self.rank = np.full((len(hosts), width), -1)
+        place: list[dict[int, int]] = []
+        for h, members in enumerate(hosts):
+            self.rank[h, :len(members)] = [r for _, r in members]
+            place.append({r: pos for pos, (_, r) in enumerate(members)})
+        self.owner = np.array(owners)  # (host, part)
+        self.owner_pos = np.array([[place[h][o] for o in row] for h, row in enumerate(owners)])
+        self.pos = np.arange(width)[None, :, None]
+        member = self.rank[:, :, None]
+        self.keep = (self.pos < self.size) & (member != self.owner[:, None, :])
+        self.member = np.broadcast_to(member, self.keep.shape)[self.keep]
+        self.owner_of = np.broadcast_to(self.owner[:, None, :], self.keep.shape)[self.keep]
+        self.part = np.broadcast_to(np.arange(self.owner.shape[1]), self.keep.shape)[self.keep]
+
+    def add(self, out: _Sends, bounds: Sequence[int], first: float, step: float,
+            gather: bool) -> None:
+        """One slice's phase (chunks ``bounds[k]..bounds[k + 1]`` per part ``k``), its
+        rounds ``step`` apart from ``first``, in the order host, member, part."""
+        owner_pos = self.owner_pos[:, None, :]
+        turn = ((self.pos - owner_pos - 1) if gather else (owner_pos - self.pos - 1)) % self.size
+        at = first + step * np.broadcast_to(turn, self.keep.shape)[self.keep]
+        edges = np.asarray(bounds)
+        lo, hi = edges[self.part], edges[self.part + 1]
+        if gather:
+            out.add_many(at, self.owner_of, self.member, lo, hi, Op.COPY)
+        else:
+            out.add_many(at, self.member, self.owner_of, lo, hi, Op.REDUCE)
 
 
 MAX_RADIX = 19  # a level of radix r costs every member r - 1 sends and peers
