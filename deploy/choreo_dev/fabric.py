@@ -157,9 +157,13 @@ def node_manifest(spec: NodeSpec) -> dict[str, Any]:
         "pods": str(spec.pods),
         GPU_RESOURCE: str(spec.gpus),
     }
+    # Every label a kubelet registers with, the legacy pair too: without them the
+    # controller-manager adds those to each node, one update per node at startup.
     labels = {
         "kubernetes.io/arch": "amd64",
         "kubernetes.io/os": "linux",
+        "beta.kubernetes.io/arch": "amd64",
+        "beta.kubernetes.io/os": "linux",
         "kubernetes.io/hostname": spec.name,
         "type": "kwok",
         "nvidia.com/gpu.present": "true" if spec.gpus > 0 else "false",

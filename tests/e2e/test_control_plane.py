@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,19 @@ def test_crd_is_served_and_validated(cluster: LocalCluster) -> None:
         cluster.client.create(f"/apis/e2e.choreo.dev/v1/namespaces/{ns}/gpuprobes", bad)
     assert info.value.status == 422
     assert "spec.gpus" in info.value.body
+
+
+def test_fake_nodes_register_every_label_a_kubelet_does(cluster: LocalCluster) -> None:
+    """The controller-manager adds the legacy os/arch labels to a node that lacks them, one
+    update per node; 1000 fake nodes lacking them kept the operator reconciling for minutes."""
+    names = cluster.add_nodes(3, gpus=8, prefix="kubelet-labels")
+    time.sleep(2.0)  # the node lifecycle controller labels a new node within a second
+    for name in names:
+        node = cluster.node(name)
+        labels = node["metadata"]["labels"]
+        assert labels["beta.kubernetes.io/os"] == labels["kubernetes.io/os"] == "linux"
+        assert labels["beta.kubernetes.io/arch"] == labels["kubernetes.io/arch"] == "amd64"
+        relabelled = [m["manager"] for m in node["metadata"].get("managedFields") or []
+                      if m.get("manager") == "kube-controller-manager"
+                      and "f:labels" in (m.get("fieldsV1") or {}).get("f:metadata", {})]
+        assert not relabelled, f"{name}: labels changed by {relabelled}"
