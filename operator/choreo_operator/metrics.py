@@ -30,6 +30,14 @@ RESYNTHESES = Counter("choreo_resynthesis_total",
 LATENCY = Histogram("choreo_resynthesis_latency_seconds",
                     "From the first event of a batch to the new ConfigMap written",
                     buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120), registry=REGISTRY)
+ROUNDS = Counter("choreo_reconcile_rounds_total",
+                 "Reconciliation rounds by the first of their triggers (a settled burst of "
+                 "events is one round)", ("reason",), registry=REGISTRY)
+ROUND_SECONDS = Histogram("choreo_reconcile_round_duration_seconds",
+                          "A reconciliation round's own work: placing, planning, launching and "
+                          "bookkeeping (not the syntheses it launches)",
+                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+                          registry=REGISTRY)
 LEADER = Gauge("choreo_operator_leader",
                "1 on the replica that holds the Lease and reconciles, 0 on a standby",
                registry=REGISTRY)

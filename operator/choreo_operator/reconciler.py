@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from choreo_operator import results
+from choreo_operator import metrics, results
 from choreo_operator.debounce import Debouncer
 from choreo_operator.flights import Flights, Synthesizer
 from choreo_operator.placement import Placer
@@ -91,6 +92,14 @@ class Reconciler:
     async def round(self, reasons: set[str], since: float) -> None:
         self.rounds += 1
         reason = next((r for r in REASON_ORDER if r in reasons), "startup")
+        metrics.ROUNDS.labels(reason=reason).inc()
+        started = time.monotonic()
+        await self._round(reason, since)
+        took = time.monotonic() - started
+        metrics.ROUND_SECONDS.observe(took)
+        log.debug("round %d (%s) took %.3f s", self.rounds, ", ".join(sorted(reasons)), took)
+
+    async def _round(self, reason: str, since: float) -> None:
         inputs = self.read()
         fabric, notes = self.fabrics.fabric(inputs)
         jobs = [j for j in inputs.jobs if j.metadata.deletion_timestamp is None]

@@ -15,7 +15,7 @@ from kubernetes_asyncio.client import ApiException
 from choreo.service.api import pb
 from choreo.service.buckets import plan_buckets
 from choreo_api import CollectiveJobStatus, DeviceFailure
-from choreo_operator import model
+from choreo_operator import metrics, model
 from choreo_operator.model import NodeInfo, PodInfo
 from choreo_operator.placement import place
 from choreo_operator.planning import FabricCache, Inputs, plan_groups
@@ -829,3 +829,23 @@ def test_groups_wait_their_turn_for_the_synthesizer_instead_of_being_refused() -
     assert (refused, most, _degraded(api)) == (0, 2, 0)
     api, refused, _ = _busy_synthesizer_run(request_slots=6)
     assert refused > 0 and _degraded(api) > 0
+
+
+def test_rounds_are_counted_by_their_first_reason_and_timed() -> None:
+    def sample(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = (sample("choreo_reconcile_rounds_total", reason="failure"),
+              sample("choreo_reconcile_rounds_total", reason="node"),
+              sample("choreo_reconcile_round_duration_seconds_count"))
+    rec, _ = _reconciler(FakeApi(), FakeSynth())
+
+    async def main() -> None:
+        await rec.round({"pods", "node", "failure"}, 0.0)  # the failure names it
+        await rec.round({"node"}, 0.0)
+        await _landed(rec)
+    asyncio.run(main())
+    after = (sample("choreo_reconcile_rounds_total", reason="failure"),
+             sample("choreo_reconcile_rounds_total", reason="node"),
+             sample("choreo_reconcile_round_duration_seconds_count"))
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 2]
