@@ -286,19 +286,105 @@ struct Plan {
     max_steps: i64,
 }
 
-/// (rank, channel, 'S'end or 'R'eceive, peer) -> the rank's threadblock for that connection.
-type TbIndex = HashMap<(i64, i64, u8, i64), usize>;
+/// (channel, 'S'end or 'R'eceive, peer) -> a rank's threadblock for that connection.
+type TbIndex = HashMap<(i64, u8, i64), usize>;
 
-fn new_tb(tbs: &mut [Vec<TbPlan>], tb_of: &mut TbIndex, g: i64, send: i64, recv: i64, ch: i64) {
-    let list = &mut tbs[g as usize];
+fn new_tb(list: &mut Vec<TbPlan>, tb_of: &mut TbIndex, send: i64, recv: i64, ch: i64) {
     list.push(TbPlan { send, recv, chan: ch, ops: Vec::new() });
     let idx = list.len() - 1;
     if send >= 0 {
-        tb_of.insert((g, ch, b'S', send), idx);
+        tb_of.insert((ch, b'S', send), idx);
     }
     if recv >= 0 {
-        tb_of.insert((g, ch, b'R', recv), idx);
+        tb_of.insert((ch, b'R', recv), idx);
     }
+}
+
+/// One rank's threadblocks, its events (sends `0..T`, receives `T..2T`, in L order) in
+/// them, and its own-data copies (input, output offsets) in a threadblock of their own.
+fn rank_tbs(
+    inp: &Input,
+    h: &Hazards,
+    chan: &[i64],
+    events: &[usize],
+    copies: &[(i64, i64)],
+) -> Vec<TbPlan> {
+    let t = inp.src.len();
+    let (src, dst) = (inp.src, inp.dst);
+    // Pair the receive peer with the send peer it forwards most to, per channel.
+    let mut weight: HashMap<(i64, i64, i64), i64> = HashMap::default();
+    let mut sends: Vec<(i64, i64)> = Vec::new();
+    let mut recvs: Vec<(i64, i64)> = Vec::new();
+    for &e in events {
+        if e >= t {
+            let x = e - t;
+            recvs.push((chan[x], src[x]));
+            continue;
+        }
+        sends.push((chan[e], dst[e]));
+        for &w in &h.deps[e] {
+            let x = w - t;
+            if chan[x] == chan[e] {
+                *weight.entry((chan[e], src[x], dst[e])).or_insert(0) += 1;
+            }
+        }
+    }
+    let mut tbs: Vec<TbPlan> = Vec::new();
+    let mut tb_of: TbIndex = HashMap::default();
+    let mut ranked: Vec<((i64, i64, i64), i64)> = weight.into_iter().collect();
+    ranked.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    for ((ch, q, p), _) in ranked {
+        if !tb_of.contains_key(&(ch, b'S', p)) && !tb_of.contains_key(&(ch, b'R', q)) {
+            new_tb(&mut tbs, &mut tb_of, p, q, ch);
+        }
+    }
+    sends.sort_unstable();
+    sends.dedup();
+    for (ch, p) in sends {
+        if !tb_of.contains_key(&(ch, b'S', p)) {
+            new_tb(&mut tbs, &mut tb_of, p, -1, ch);
+        }
+    }
+    recvs.sort_unstable();
+    recvs.dedup();
+    for (ch, q) in recvs {
+        if !tb_of.contains_key(&(ch, b'R', q)) {
+            new_tb(&mut tbs, &mut tb_of, -1, q, ch);
+        }
+    }
+    // Copies of consecutive chunks to consecutive places become one ranged copy (cut into
+    // steps of at most `max_cnt` when emitted), where an instance's chunk units are
+    // consecutive too.
+    if !copies.is_empty() {
+        let mut ops: Vec<Op> = Vec::new();
+        for &(i, o) in copies {
+            if let Some(last) = ops.last_mut() {
+                if inp.instances == 1 && last.src.1 + last.cnt == i && last.dst.1 + last.cnt == o {
+                    last.cnt += 1;
+                    continue;
+                }
+            }
+            let (src, dst) = ((b'i', i), (b'o', o));
+            ops.push(Op { kind: "cpy", src, dst, events: (NONE, NONE), cnt: 1 });
+        }
+        tbs.push(TbPlan { send: -1, recv: -1, chan: 0, ops });
+    }
+    // Events into their threadblocks in L order.
+    for &e in events {
+        let (idx, op) = if e < t {
+            let (from, to) = (h.read_loc[e], h.home[e]);
+            let op = Op { kind: "s", src: from, dst: to, events: (e, NONE), cnt: inp.count[e] };
+            (tb_of[&(chan[e], b'S', dst[e])], op)
+        } else {
+            let x = e - t;
+            let (kind, from) = if inp.reduce[x] { ("rrc", h.operand[x]) } else { ("r", h.home[x]) };
+            let (to, cnt) = (h.home[x], inp.count[x]);
+            let op = Op { kind, src: from, dst: to, events: (e, NONE), cnt };
+            (tb_of[&(chan[x], b'R', src[x])], op)
+        };
+        tbs[idx].ops.push(op);
+    }
+    tbs
 }
 
 fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
@@ -310,96 +396,21 @@ fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
             epoch * inp.base_channels + inp.base[x]
         })
         .collect();
-    let (src, dst) = (inp.src, inp.dst);
-    // Pair each rank's receive peer with the send peer it forwards most to, per channel.
-    let mut weight: HashMap<(i64, i64, i64, i64), i64> = HashMap::default();
-    let mut sends: Vec<(i64, i64, i64)> = Vec::with_capacity(t);
-    let mut recvs: Vec<(i64, i64, i64)> = Vec::with_capacity(t);
-    for y in 0..t {
-        sends.push((src[y], chan[y], dst[y]));
-        recvs.push((dst[y], chan[y], src[y]));
-        for &w in &h.deps[y] {
-            let x = w - t;
-            if chan[x] == chan[y] {
-                *weight.entry((src[y], chan[y], src[x], dst[y])).or_insert(0) += 1;
-            }
-        }
-    }
-    let mut tbs: Vec<Vec<TbPlan>> = (0..inp.n).map(|_| Vec::new()).collect();
-    let mut tb_of: TbIndex = HashMap::default();
-    let mut ranked: Vec<((i64, i64, i64, i64), i64)> = weight.into_iter().collect();
-    ranked.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    for ((g, ch, q, p), _) in ranked {
-        if !tb_of.contains_key(&(g, ch, b'S', p)) && !tb_of.contains_key(&(g, ch, b'R', q)) {
-            new_tb(&mut tbs, &mut tb_of, g, p, q, ch);
-        }
-    }
-    sends.sort_unstable();
-    sends.dedup();
-    for (g, ch, p) in sends {
-        if !tb_of.contains_key(&(g, ch, b'S', p)) {
-            new_tb(&mut tbs, &mut tb_of, g, p, -1, ch);
-        }
-    }
-    recvs.sort_unstable();
-    recvs.dedup();
-    for (g, ch, q) in recvs {
-        if !tb_of.contains_key(&(g, ch, b'R', q)) {
-            new_tb(&mut tbs, &mut tb_of, g, -1, q, ch);
-        }
-    }
-    // A rank's own-data copies: one threadblock of its own, after the others. Copies of
-    // consecutive chunks to consecutive places become one ranged copy (cut into steps of
-    // at most `max_cnt` when emitted), where an instance's chunk units are consecutive too.
-    let mut local: HashMap<i64, usize> = HashMap::default();
-    for &(g, i, o) in inp.copies {
-        let idx = *local.entry(g).or_insert_with(|| {
-            tbs[g as usize].push(TbPlan { send: -1, recv: -1, chan: 0, ops: Vec::new() });
-            tbs[g as usize].len() - 1
-        });
-        let ops = &mut tbs[g as usize][idx].ops;
-        if let Some(last) = ops.last_mut() {
-            if inp.instances == 1 && last.src.1 + last.cnt == i && last.dst.1 + last.cnt == o {
-                last.cnt += 1;
-                continue;
-            }
-        }
-        ops.push(Op {
-            kind: "cpy",
-            src: (b'i', i),
-            dst: (b'o', o),
-            events: (NONE, NONE),
-            cnt: 1,
-        });
-    }
-    // Events into their threadblocks in L order.
+    // Each rank's events in L order and its copies, then its threadblocks on their own.
+    let mut events: Vec<Vec<usize>> = vec![Vec::new(); inp.n];
     for &e in inp.order {
         let e = e as usize;
-        let (g, idx, op) = if e < t {
-            let idx = tb_of[&(src[e], chan[e], b'S', dst[e])];
-            let op = Op {
-                kind: "s",
-                src: h.read_loc[e],
-                dst: h.home[e],
-                events: (e, NONE),
-                cnt: inp.count[e],
-            };
-            (src[e], idx, op)
-        } else {
-            let x = e - t;
-            let idx = tb_of[&(dst[x], chan[x], b'R', src[x])];
-            let (kind, from) = if inp.reduce[x] { ("rrc", h.operand[x]) } else { ("r", h.home[x]) };
-            let op = Op {
-                kind,
-                src: from,
-                dst: h.home[x],
-                events: (e, NONE),
-                cnt: inp.count[x],
-            };
-            (dst[x], idx, op)
-        };
-        tbs[g as usize][idx].ops.push(op);
+        let g = if e < t { inp.src[e] } else { inp.dst[e - t] };
+        events[g as usize].push(e);
     }
+    let mut copies: Vec<Vec<(i64, i64)>> = vec![Vec::new(); inp.n];
+    for &(g, i, o) in inp.copies {
+        copies[g as usize].push((i, o));
+    }
+    let mut tbs: Vec<Vec<TbPlan>> = (0..inp.n)
+        .into_par_iter()
+        .map(|g| rank_tbs(inp, h, &chan, &events[g], &copies[g]))
+        .collect();
     let fused = fuse(inp, h, &mut tbs, &chan);
     let mut where_: Vec<(usize, usize)> = vec![(0, 0); 2 * t];
     for plans in &tbs {
@@ -462,45 +473,48 @@ fn fuse(inp: &Input, h: &Hazards, tbs: &mut [Vec<TbPlan>], chan: &[i64]) -> usiz
             }
         }
     }
-    let mut fused = 0;
-    for plans in tbs.iter_mut() {
-        for plan in plans.iter_mut() {
-            if plan.send < 0 || plan.recv < 0 {
-                continue;
-            }
-            let old = std::mem::take(&mut plan.ops);
-            let mut ops = Vec::with_capacity(old.len());
-            let mut k = 0;
-            while k < old.len() {
-                let a = &old[k];
-                if let Some(b) = old.get(k + 1) {
-                    let r_ev = a.events.0;
-                    let s_ev = b.events.0;
-                    if (a.kind == "r" || a.kind == "rrc")
-                        && b.kind == "s"
-                        && h.deps[s_ev].contains(&r_ev)
-                        && inp.chunk[r_ev - t] == inp.chunk[s_ev]
-                        && inp.count[r_ev - t] == inp.count[s_ev]
-                    {
-                        let other = firsts[r_ev]
-                            .iter()
-                            .find(|&&(_, w)| w != NONE && w != s_ev)
-                            .map_or(i64::MAX, |&(p, _)| p);
-                        if other > pos[s_ev] {
-                            ops.push(fused_op(h, a, r_ev, s_ev, t));
-                            fused += 1;
-                            k += 2;
-                            continue;
+    // Each rank's threadblocks on their own: the waits above are read only.
+    tbs.par_iter_mut()
+        .map(|plans| {
+            let mut fused = 0;
+            for plan in plans.iter_mut() {
+                if plan.send < 0 || plan.recv < 0 {
+                    continue;
+                }
+                let old = std::mem::take(&mut plan.ops);
+                let mut ops = Vec::with_capacity(old.len());
+                let mut k = 0;
+                while k < old.len() {
+                    let a = &old[k];
+                    if let Some(b) = old.get(k + 1) {
+                        let r_ev = a.events.0;
+                        let s_ev = b.events.0;
+                        if (a.kind == "r" || a.kind == "rrc")
+                            && b.kind == "s"
+                            && h.deps[s_ev].contains(&r_ev)
+                            && inp.chunk[r_ev - t] == inp.chunk[s_ev]
+                            && inp.count[r_ev - t] == inp.count[s_ev]
+                        {
+                            let other = firsts[r_ev]
+                                .iter()
+                                .find(|&&(_, w)| w != NONE && w != s_ev)
+                                .map_or(i64::MAX, |&(p, _)| p);
+                            if other > pos[s_ev] {
+                                ops.push(fused_op(h, a, r_ev, s_ev, t));
+                                fused += 1;
+                                k += 2;
+                                continue;
+                            }
                         }
                     }
+                    ops.push(*a);
+                    k += 1;
                 }
-                ops.push(*a);
-                k += 1;
+                plan.ops = ops;
             }
-            plan.ops = ops;
-        }
-    }
-    fused
+            fused
+        })
+        .sum()
 }
 
 fn fused_op(h: &Hazards, a: &Op, r_ev: usize, s_ev: usize, t: usize) -> Op {
@@ -527,46 +541,52 @@ fn dependencies(
     tbs: &[Vec<TbPlan>],
     where_: &[(usize, usize)],
 ) -> (Vec<Vec<Waits>>, i64) {
-    let mut longest = 0;
-    let mut all = Vec::with_capacity(tbs.len());
-    let mut need: Vec<(usize, usize)> = Vec::new();
-    for plans in tbs {
-        let mut per_tb = Vec::with_capacity(plans.len());
-        for (ti, plan) in plans.iter().enumerate() {
-            let mut seen: HashMap<usize, usize> = HashMap::default();
-            let mut per_op: Vec<Vec<(usize, usize)>> = Vec::with_capacity(plan.ops.len());
-            let mut steps = 0;
-            for op in &plan.ops {
-                need.clear();
-                for e in op.deps(h) {
-                    let (tt, kk) = where_[e];
-                    if tt == ti {
-                        continue;
+    // Each rank on its own (a wait names a threadblock of the same rank).
+    let per_rank: Vec<(Vec<Waits>, i64)> = tbs
+        .par_iter()
+        .map(|plans| {
+            let mut longest = 0;
+            let mut per_tb = Vec::with_capacity(plans.len());
+            let mut need: Vec<(usize, usize)> = Vec::new();
+            // per threadblock of the rank: the latest step of it already waited for
+            let mut seen: Vec<usize> = vec![NONE; plans.len()];
+            for (ti, plan) in plans.iter().enumerate() {
+                seen.fill(NONE);
+                let mut per_op: Vec<Vec<(usize, usize)>> = Vec::with_capacity(plan.ops.len());
+                let mut steps = 0;
+                for op in &plan.ops {
+                    need.clear();
+                    for e in op.deps(h) {
+                        let (tt, kk) = where_[e];
+                        if tt == ti {
+                            continue;
+                        }
+                        match need.iter_mut().find(|(u, _)| *u == tt) {
+                            Some(slot) => slot.1 = slot.1.max(kk),
+                            None => need.push((tt, kk)),
+                        }
                     }
-                    match need.iter_mut().find(|(u, _)| *u == tt) {
-                        Some(slot) => slot.1 = slot.1.max(kk),
-                        None => need.push((tt, kk)),
+                    need.sort_unstable();
+                    let mut keep = Vec::with_capacity(need.len());
+                    for &(tt, kk) in &need {
+                        if seen[tt] == NONE || seen[tt] < kk {
+                            keep.push((tt, kk));
+                        }
                     }
-                }
-                need.sort_unstable();
-                let mut keep = Vec::with_capacity(need.len());
-                for &(tt, kk) in &need {
-                    if seen.get(&tt).is_none_or(|&s| s < kk) {
-                        keep.push((tt, kk));
+                    for &(tt, kk) in &keep {
+                        seen[tt] = kk;
                     }
+                    steps += (keep.len() as i64 - 1).max(0) + pieces(op.cnt, inp.max_cnt);
+                    per_op.push(keep);
                 }
-                for &(tt, kk) in &keep {
-                    seen.insert(tt, kk);
-                }
-                steps += (keep.len() as i64 - 1).max(0) + pieces(op.cnt, inp.max_cnt);
-                per_op.push(keep);
+                longest = longest.max(steps);
+                per_tb.push(per_op);
             }
-            longest = longest.max(steps);
-            per_tb.push(per_op);
-        }
-        all.push(per_tb);
-    }
-    (all, longest)
+            (per_tb, longest)
+        })
+        .collect();
+    let longest = per_rank.iter().map(|(_, l)| *l).max().unwrap_or(0);
+    (per_rank.into_iter().map(|(w, _)| w).collect(), longest)
 }
 
 fn moved(off: i64, by: i64) -> i64 {
