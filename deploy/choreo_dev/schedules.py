@@ -69,7 +69,9 @@ def load(client: KubeClient, namespace: str, status: dict[str, Any]) -> Publishe
     texts = [results.xml_files(b) for b in bodies]  # packed files inflated
     files = {k: join_parts([t[k] for t in texts]) if len(texts) > 1 else texts[0][k]
              for k in sorted(texts[0])}
-    ranks = json.loads(bodies[0]["data"]["ranks.json"])
+    # a part per pod holds that pod's ranks
+    ranks = sorted((r for b in bodies for r in json.loads(b["data"]["ranks.json"])),
+                   key=lambda r: r["rank"])
     return Published(files, ranks, parts, missing)
 
 

@@ -78,7 +78,9 @@ def test_config_maps_are_content_addressed_and_split_per_pod() -> None:
     assert [(p.first, p.last, p.pod_rank) for p in parts] == [(0, 1, 0), (2, 3, 1)]
     assert bodies[1]["data"]["grads-0.xml"].count("<gpu") == 2
     assert 'id="3"' in bodies[1]["data"]["grads-0.xml"]
-    assert json.loads(bodies[0]["data"]["ranks.json"])[3] == {"rank": 3}
+    # each part holds its pod's ranks, as its files hold their <gpu> elements
+    assert [json.loads(b["data"]["ranks.json"]) for b in bodies] == [
+        [{"rank": 0}, {"rank": 1}], [{"rank": 2}, {"rank": 3}]]
 
 
 class _CountedFiles(results.Files):
