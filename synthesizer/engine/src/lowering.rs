@@ -76,8 +76,10 @@ pub enum LowerError {
 }
 
 pub struct Output {
-    pub text: String,
-    /// Where each rank's `<gpu>` element ends in `text` (its newline included)
+    /// Each rank's `<gpu>` element, its newline included; the file's elements are these in
+    /// rank order (kept apart, so they are copied once, side by side, into their bytes)
+    pub gpus: Vec<String>,
+    /// Where each rank's `<gpu>` element ends in the elements joined
     pub gpu_ends: Vec<usize>,
     pub epochs: i64,
     pub fused: usize,
@@ -756,36 +758,65 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String,
 }
 
 /// Every rank's `<gpu>` element, written side by side (each is independent of the others);
-/// with the channels used and where each element ends in the text. The error is the first
-/// rank's, as a rank-by-rank pass would find it.
-fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<(String, i64, Vec<usize>), LowerError> {
-    let ranks: Vec<Result<(String, i64), LowerError>> =
-        (0..inp.n).into_par_iter().map(|g| emit_rank(inp, h, plan, g)).collect();
+/// with the channels used and where each element ends in the elements joined. The error is
+/// the first rank's, as a rank-by-rank pass would find it.
+type Elements = (Vec<String>, i64, Vec<usize>);
+
+fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<Elements, LowerError> {
+    let ranks: Vec<Result<(String, i64), LowerError>> = (0..inp.n)
+        .into_par_iter()
+        .map(|g| {
+            let (body, chans) = emit_rank(inp, h, plan, g)?;
+            let mut element = String::with_capacity(body.len() + 96);
+            let _ = write!(
+                element,
+                "  <gpu id=\"{}\" i_chunks=\"{}\" o_chunks=\"{}\" s_chunks=\"{}\">{}\n  \
+                 </gpu>\n",
+                g,
+                inp.in_units,
+                inp.out_units,
+                h.scratch[g] * inp.instances,
+                body
+            );
+            Ok((element, chans))
+        })
+        .collect();
     let mut gpus = Vec::with_capacity(inp.n);
+    let mut ends = Vec::with_capacity(inp.n);
     let mut nchannels = 1;
+    let mut end = 0;
     for rank in ranks {
-        let (body, chans) = rank?;
+        let (element, chans) = rank?;
         nchannels = nchannels.max(chans);
-        gpus.push(body);
+        end += element.len();
+        ends.push(end);
+        gpus.push(element);
     }
     if nchannels > inp.max_channels {
         return Err(LowerError::TooManyChannels(nchannels));
     }
-    let mut text = String::with_capacity(gpus.iter().map(|b| b.len() + 96).sum());
-    let mut ends = Vec::with_capacity(inp.n);
-    for (g, body) in gpus.into_iter().enumerate() {
-        let _ = write!(
-            text,
-            "  <gpu id=\"{}\" i_chunks=\"{}\" o_chunks=\"{}\" s_chunks=\"{}\">{}\n  </gpu>\n",
-            g,
-            inp.in_units,
-            inp.out_units,
-            h.scratch[g] * inp.instances,
-            body
-        );
-        ends.push(text.len());
+    Ok((gpus, nchannels, ends))
+}
+
+/// The elements joined into `out` (as long as all of them), each copied into its place side
+/// by side.
+pub fn join_into(gpus: &[String], ends: &[usize], out: &mut [u8]) {
+    let mut rest = out;
+    let mut slices = Vec::with_capacity(gpus.len());
+    for element in gpus {
+        let (head, tail) = rest.split_at_mut(element.len());
+        slices.push(head);
+        rest = tail;
     }
-    Ok((text, nchannels, ends))
+    debug_assert!(rest.is_empty() && ends.last().copied().unwrap_or(0) == out_len(&slices));
+    slices
+        .into_par_iter()
+        .zip(gpus.par_iter())
+        .for_each(|(dst, src)| dst.copy_from_slice(src.as_bytes()));
+}
+
+fn out_len(slices: &[&mut [u8]]) -> usize {
+    slices.iter().map(|s| s.len()).sum()
 }
 
 /// The largest scratch buffer of any rank, in the file's units.
@@ -808,9 +839,9 @@ pub fn lower(inp: &Input) -> Result<Output, LowerError> {
         let grown = (epochs as f64 * plan.max_steps as f64 / (0.8 * inp.max_steps as f64)).ceil();
         epochs = (epochs + 1).max(grown as i64);
     };
-    let (text, nchannels, gpu_ends) = emit(inp, &h, &plan)?;
+    let (gpus, nchannels, gpu_ends) = emit(inp, &h, &plan)?;
     let scratch = max_scratch(inp, &h);
-    Ok(Output { text, gpu_ends, epochs, fused: plan.fused, max_steps: plan.max_steps, nchannels, scratch })
+    Ok(Output { gpus, gpu_ends, epochs, fused: plan.fused, max_steps: plan.max_steps, nchannels, scratch })
 }
 
 #[cfg(test)]
@@ -858,15 +889,19 @@ mod tests {
     #[test]
     fn each_rank_sends_its_chunk_and_receives_the_other() {
         let out = swap(&[0, ABSENT, ABSENT, 0]).expect("lowers");
+        let text = out.gpus.concat();
+        let mut joined = vec![0u8; *out.gpu_ends.last().unwrap()];
+        join_into(&out.gpus, &out.gpu_ends, &mut joined);
+        assert_eq!(joined, text.as_bytes());
         assert_eq!(out.epochs, 1);
         assert_eq!(out.nchannels, 1);
-        assert_eq!(out.text.matches("<gpu ").count(), 2);
-        assert!(out.text.contains(
+        assert_eq!(text.matches("<gpu ").count(), 2);
+        assert!(text.contains(
             "<step s=\"0\" type=\"s\" srcbuf=\"i\" srcoff=\"0\" dstbuf=\"o\" dstoff=\"0\" cnt=\"1\""
         ));
-        assert!(out.text.contains("type=\"r\" srcbuf=\"o\" srcoff=\"1\" dstbuf=\"o\" dstoff=\"1\""));
-        assert_eq!(out.text.matches("type=\"cpy\"").count(), 2);
-        assert!(out.text.ends_with("  </gpu>\n"));
+        assert!(text.contains("type=\"r\" srcbuf=\"o\" srcoff=\"1\" dstbuf=\"o\" dstoff=\"1\""));
+        assert_eq!(text.matches("type=\"cpy\"").count(), 2);
+        assert!(text.ends_with("  </gpu>\n"));
     }
 
     #[test]

@@ -165,8 +165,14 @@ fn lower_tenant<'py>(
     let out = PyDict::new(py);
     match result {
         Ok(o) => {
-            // ASCII bytes: a 1,024-GPU tenant's elements are 60 MB, which a str would decode.
-            out.set_item("text", PyBytes::new(py, o.text.as_bytes()))?;
+            // ASCII bytes: a 1,024-GPU tenant's elements are 60 MB, which a str would decode;
+            // each rank's element is copied once, side by side, into the object.
+            let total = o.gpu_ends.last().copied().unwrap_or(0);
+            let text = PyBytes::new_with(py, total, |buf| {
+                lowering::join_into(&o.gpus, &o.gpu_ends, buf);
+                Ok(())
+            })?;
+            out.set_item("text", text)?;
             out.set_item("gpu_ends", o.gpu_ends)?;
             out.set_item("epochs", o.epochs)?;
             out.set_item("fused", o.fused)?;
