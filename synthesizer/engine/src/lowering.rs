@@ -757,11 +757,12 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String,
     Ok((body, nchannels))
 }
 
+/// The ranks' `<gpu>` elements, the channels they use, and where each ends in them joined.
+type Elements = (Vec<String>, i64, Vec<usize>);
+
 /// Every rank's `<gpu>` element, written side by side (each is independent of the others);
 /// with the channels used and where each element ends in the elements joined. The error is
 /// the first rank's, as a rank-by-rank pass would find it.
-type Elements = (Vec<String>, i64, Vec<usize>);
-
 fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<Elements, LowerError> {
     let ranks: Vec<Result<(String, i64), LowerError>> = (0..inp.n)
         .into_par_iter()
