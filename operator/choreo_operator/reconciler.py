@@ -94,10 +94,13 @@ class Reconciler:
         reason = next((r for r in REASON_ORDER if r in reasons), "startup")
         metrics.ROUNDS.labels(reason=reason).inc()
         started = time.monotonic()
-        await self._round(reason, since)
-        took = time.monotonic() - started
-        metrics.ROUND_SECONDS.observe(took)
-        log.debug("round %d (%s) took %.3f s", self.rounds, ", ".join(sorted(reasons)), took)
+        try:
+            await self._round(reason, since)
+        finally:  # a round that failed took its time too
+            took = time.monotonic() - started
+            metrics.ROUND_SECONDS.observe(took)
+            log.debug("round %d (%s) took %.3f s", self.rounds, ", ".join(sorted(reasons)),
+                      took)
 
     async def _round(self, reason: str, since: float) -> None:
         inputs = self.read()
