@@ -623,7 +623,7 @@ fn push_int(out: &mut String, v: i64) {
     out.push_str(itoa::Buffer::new().format(v));
 }
 
-/// One rank's `<tb>` elements, and the channels it uses.
+/// One rank's `<gpu>` element, its newline included, and the channels it uses.
 fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String, i64), LowerError> {
     let i_n = inp.instances;
     let mut nchannels = 1;
@@ -661,7 +661,15 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String,
     // A step is about 120 bytes: the body is written once, not regrown and copied as it fills
     // (a 1,024-GPU file's elements: 0.09 s, was 0.09-0.12 s).
     let steps: usize = s_of.iter().map(|idx| idx.last().map_or(0, |&v| v as usize + 1)).sum();
-    let mut body = String::with_capacity((steps * 128 + plans.len() * 64) * i_n as usize);
+    let mut body = String::with_capacity((steps * 128 + plans.len() * 64) * i_n as usize + 96);
+    let _ = write!(
+        body,
+        "  <gpu id=\"{}\" i_chunks=\"{}\" o_chunks=\"{}\" s_chunks=\"{}\">",
+        g,
+        inp.in_units,
+        inp.out_units,
+        h.scratch[g] * inp.instances
+    );
     let mut tb_count = 0;
     let mut step_count = 0;
     for &ti in &order {
@@ -754,6 +762,7 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String,
     if inp.max_nodes > 0 && nodes > inp.max_nodes {
         return Err(LowerError::Nodes(g as i64, nodes));
     }
+    body.push_str("\n  </gpu>\n");
     Ok((body, nchannels))
 }
 
@@ -764,24 +773,8 @@ type Elements = (Vec<String>, i64, Vec<usize>);
 /// with the channels used and where each element ends in the elements joined. The error is
 /// the first rank's, as a rank-by-rank pass would find it.
 fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<Elements, LowerError> {
-    let ranks: Vec<Result<(String, i64), LowerError>> = (0..inp.n)
-        .into_par_iter()
-        .map(|g| {
-            let (body, chans) = emit_rank(inp, h, plan, g)?;
-            let mut element = String::with_capacity(body.len() + 96);
-            let _ = write!(
-                element,
-                "  <gpu id=\"{}\" i_chunks=\"{}\" o_chunks=\"{}\" s_chunks=\"{}\">{}\n  \
-                 </gpu>\n",
-                g,
-                inp.in_units,
-                inp.out_units,
-                h.scratch[g] * inp.instances,
-                body
-            );
-            Ok((element, chans))
-        })
-        .collect();
+    let ranks: Vec<Result<(String, i64), LowerError>> =
+        (0..inp.n).into_par_iter().map(|g| emit_rank(inp, h, plan, g)).collect();
     let mut gpus = Vec::with_capacity(inp.n);
     let mut ends = Vec::with_capacity(inp.n);
     let mut nchannels = 1;
@@ -799,9 +792,9 @@ fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<Elements, LowerError> {
     Ok((gpus, nchannels, ends))
 }
 
-/// The elements joined into `out` (as long as all of them), each copied into its place side
-/// by side.
-pub fn join_into(gpus: &[String], ends: &[usize], out: &mut [u8]) {
+/// The elements joined into `out` (exactly as long as all of them), each copied into its
+/// place side by side.
+pub fn join_into(gpus: &[String], out: &mut [u8]) {
     let mut rest = out;
     let mut slices = Vec::with_capacity(gpus.len());
     for element in gpus {
@@ -809,15 +802,11 @@ pub fn join_into(gpus: &[String], ends: &[usize], out: &mut [u8]) {
         slices.push(head);
         rest = tail;
     }
-    debug_assert!(rest.is_empty() && ends.last().copied().unwrap_or(0) == out_len(&slices));
+    assert!(rest.is_empty(), "join_into: the buffer is longer than the elements");
     slices
         .into_par_iter()
         .zip(gpus.par_iter())
         .for_each(|(dst, src)| dst.copy_from_slice(src.as_bytes()));
-}
-
-fn out_len(slices: &[&mut [u8]]) -> usize {
-    slices.iter().map(|s| s.len()).sum()
 }
 
 /// The largest scratch buffer of any rank, in the file's units.
@@ -892,7 +881,7 @@ mod tests {
         let out = swap(&[0, ABSENT, ABSENT, 0]).expect("lowers");
         let text = out.gpus.concat();
         let mut joined = vec![0u8; *out.gpu_ends.last().unwrap()];
-        join_into(&out.gpus, &out.gpu_ends, &mut joined);
+        join_into(&out.gpus, &mut joined);
         assert_eq!(joined, text.as_bytes());
         assert_eq!(out.epochs, 1);
         assert_eq!(out.nchannels, 1);

@@ -169,7 +169,7 @@ fn lower_tenant<'py>(
             // each rank's element is copied once, side by side, into the object.
             let total = o.gpu_ends.last().copied().unwrap_or(0);
             let text = PyBytes::new_with(py, total, |buf| {
-                lowering::join_into(&o.gpus, &o.gpu_ends, buf);
+                lowering::join_into(&o.gpus, buf);
                 Ok(())
             })?;
             out.set_item("text", text)?;
