@@ -33,7 +33,6 @@ from choreo.msccl.packed import (
     codec_of,
     inflate,
     inflate_xml,
-    pack_parts,
     pack_xml,
     plain_size,
     split_members,
@@ -245,15 +244,16 @@ def test_zstd_frames_inflate_as_zstd_inflates_them_and_a_damaged_one_is_refused(
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_a_file_compressed_per_rank_is_cut_per_node_by_joining_members(codec: Codec) -> None:
-    """The lowering says where each rank's element lies; compressed one member per part,
-    the file inflates whole, and each node's file is its new head, its ranks' members as
-    they are and the tail: the same text the cut of the whole file gives, packed or plain."""
+    """The lowering keeps each rank's element apart; compressed one member per rank, the
+    file inflates whole, and each node's file is its new head, its ranks' members as they
+    are and the tail: the same text the cut of the whole file gives, packed or plain."""
     low = lower(schedule("dgx-h100-2", "allreduce", 2), 0)
-    assert len(low.cuts) == 17
-    for rank, (a, b) in enumerate(itertools.pairwise(low.cuts)):
-        assert low.text[a:b].startswith(f'  <gpu id="{rank}" ') and low.text[a:b].endswith(
-            "</gpu>\n")
-    body, ends = pack_parts(low.text, low.cuts, codec)
+    assert len(low.gpu_ends) == 16 and low.gpu_ends[-1] == len(low.gpus)
+    for rank, (a, b) in enumerate(itertools.pairwise([0, *low.gpu_ends])):
+        element = low.gpus[a:b].decode()
+        assert element.startswith(f'  <gpu id="{rank}" ') and element.endswith("</gpu>\n")
+    assert low.text == f"{low.head}\n{low.gpus.decode()}</algo>\n"
+    body, ends = low.packed(codec)
     assert codec_of(body) == codec
     assert len(ends) == 18 and ends[-1] == len(body)
     assert inflate_xml(body) == low.text
@@ -269,13 +269,13 @@ def test_a_file_compressed_per_rank_is_cut_per_node_by_joining_members(codec: Co
     whole = pack_xml(low.text, codec)
     # The members cost a little room: each restarts the compressor.
     assert len(whole) < len(body) < 1.6 * len(whole)
-    # A head that is not ASCII (a tenant's name in the comment): cuts count characters.
-    named = low.text.replace("<!-- ", "<!-- tenant=Zürich-ü ", 1)
-    shift = len(named) - len(low.text)
-    body_named, ends_named = pack_parts(named, [c + shift for c in low.cuts], codec)
-    assert inflate_xml(body_named) == named
+    # A head that is not ASCII (a tenant's name in the comment) is encoded on its own.
+    named = replace(low, head=low.head.replace("<!-- ", "<!-- tenant=Zürich-ü ", 1))
+    assert named.text != low.text
+    body_named, ends_named = named.packed(codec)
+    assert inflate_xml(body_named) == named.text
     assert split_members(body_named, ends_named, nodes, packed=False) == split_per_node(
-        named, nodes)
+        named.text, nodes)
     with pytest.raises(InputError, match="not contiguous"):
         split_members(body, ends, [f"n{r % 2}" for r in range(16)], packed=True)
     with pytest.raises(InputError, match="17 members for 16 parts of 16 ranks"):
@@ -290,9 +290,10 @@ def test_a_file_compressed_per_part_is_cut_into_whole_parts_only(codec: Codec) -
     a node made of whole parts gets the same file; one that splits a part is refused."""
     low = lower(schedule("dgx-h100-2", "allreduce", 2), 0)
     nodes = ["node-a"] * 8 + ["node-b"] * 8
-    per_rank, _ = pack_parts(low.text, low.cuts, codec)
-    body, ends = pack_parts(low.text, [low.cuts[0], low.cuts[8], low.cuts[16]], codec)
+    per_rank, _ = low.packed(codec)
+    body, ends = low.packed(codec, (8, 16))
     assert len(ends) == 4 and len(body) < len(per_rank)
+    assert inflate_xml(body) == low.text
     assert plain_size(body, ends) == len(low.text.encode())
     want = split_per_node(low.text, nodes)
     assert split_members(body, ends, nodes, packed=False, part_ends=(8, 16)) == want

@@ -17,21 +17,26 @@ import pytest
 from api_helpers import job as _job
 from api_helpers import valid
 
-from choreo import msccl
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
-from choreo.msccl.packed import CODECS, Codec, pack_parts
+from choreo.msccl.lower import Lowering, lower
+from choreo.msccl.packed import CODECS, Codec, pack_xml
 from choreo.synth import synthesize
 from choreo_operator import model, results, webhook
 from choreo_operator.unpack import run, unpack
 
 
 @pytest.fixture(scope="module")
-def xml() -> str:
+def lowering() -> Lowering:
     """A real program: AllReduce over two DGX-H100 hosts, as the synthesizer lowers it."""
     fabric = build("dgx-h100-2")
     s = synthesize(fabric, [Demand(Collective.ALLREDUCE, tuple(fabric.npus), 1 << 26, 2)])
-    return msccl.to_xml(s, 0)
+    return lower(s, 0)
+
+
+@pytest.fixture(scope="module")
+def xml(lowering: Lowering) -> str:
+    return lowering.text
 
 
 def _schedule(xml: str, packed: bool, ranks: int = 16) -> results.Schedule:
@@ -82,7 +87,8 @@ def test_packed_pieces_per_pod_inflate_to_the_plain_pieces(xml: str) -> None:
 
 @pytest.mark.parametrize(("codec", "per_pod"), [(c, p) for c in CODECS for p in (False, True)])
 def test_a_file_sent_in_members_is_cut_per_pod_without_inflating_it(
-        xml: str, codec: Codec, per_pod: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        lowering: Lowering, codec: Codec, per_pod: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The synthesizer sends a large file compressed one member per rank, or per pod where
     the request named the pods' ranks: the operator joins each pod's members and neither
     inflates nor compresses the file, yet every pod's ConfigMap holds what the cut of the
@@ -90,9 +96,9 @@ def test_a_file_sent_in_members_is_cut_per_pod_without_inflating_it(
     job = _job("a")
     pods = {f"p{h}": (8 * h, 8 * h + 7) for h in range(2)}
     index = {p: h for h, p in enumerate(pods)}
-    cuts = _cuts(xml)
+    xml = lowering.text
     part_ends = (8, 16) if per_pod else ()
-    body, ends = pack_parts(xml, [cuts[0], cuts[8], cuts[16]] if per_pod else cuts, codec)
+    body, ends = lowering.packed(codec, part_ends)
     for packed in (True, False):
         _, (_, _, want) = results.config_maps(job, _schedule(xml, packed), pods, index, "in",
                                               "fp", split_bytes=10)
@@ -114,14 +120,6 @@ def test_a_file_sent_in_members_is_cut_per_pod_without_inflating_it(
     assert read_first["grads-0.xml"] == xml
     assert read_first.digest("grads-0.xml") == files.digest("grads-0.xml")
     assert read_first.digest("grads-0.xml").startswith(f"{codec}:")
-
-
-def _cuts(xml: str) -> list[int]:
-    """Where the file's head and each <gpu> element end, as the lowering reports them."""
-    cuts = [xml.index("  <gpu ")]
-    while (end := xml.find("</gpu>\n", cuts[-1])) >= 0:
-        cuts.append(end + len("</gpu>\n"))
-    return cuts
 
 
 def _refuse(body: object) -> str:
@@ -185,12 +183,14 @@ def _project(root: Path, version: str, files: dict[str, bytes]) -> None:
             (root / top).symlink_to(f"..data/{top}")
 
 
-def test_unpack_inflates_a_projection_and_follows_its_swaps(tmp_path: Path, xml: str) -> None:
+def test_unpack_inflates_a_projection_and_follows_its_swaps(tmp_path: Path,
+                                                           lowering: Lowering) -> None:
+    xml = lowering.text
     source, target = tmp_path / "packed", tmp_path / "files"
     source.mkdir()
     target.mkdir()
     # zstd in frames as the synthesizer sends it; gzip as operators before wrote it
-    zstd, _ = pack_parts(xml, _cuts(xml), "zstd")
+    zstd, _ = lowering.packed("zstd")
     _project(source, "..v1", {"msccl/grads-0.xml": zstd,
                               "msccl/grads-1.xml": gzip.compress(b"<algo/>"),
                               "ranks.json": b"[]"})
@@ -241,7 +241,7 @@ def test_the_sidecar_process_follows_updates_and_stops_on_sigterm(tmp_path: Path
                 time.sleep(0.05)
 
         wait(lambda: (target / "..data").is_symlink(), "the first copy")
-        _project(source, "..v2", {"msccl/grads-0.xml": pack_parts(xml, [], "zstd")[0],
+        _project(source, "..v2", {"msccl/grads-0.xml": pack_xml(xml, "zstd"),
                                   "ranks.json": b"[0]"})
         path = target / "msccl" / "grads-0.xml"
         wait(lambda: path.exists() and path.read_text() == xml, "the update")

@@ -78,15 +78,8 @@ class Lowering:
     def text(self) -> str:
         return f"{self.head}\n{self.gpus.decode('ascii')}{TAIL}"
 
-    @property
-    def cuts(self) -> tuple[int, ...]:
-        """Where the text is cut between its parts, in characters: after the head, then
-        after each rank's element; the tail (``</algo>``) follows the last."""
-        at = len(self.head) + 1
-        return (at, *(at + end for end in self.gpu_ends))
-
     def packed(self, codec: Codec, part_ends: Sequence[int] = ()) -> tuple[bytes, list[int]]:
-        """The file compressed one member per part (``packed.pack_parts``): its head, the
+        """The file compressed one member per part (``packed.pack_members``): its head, the
         ranks' elements up to each of ``part_ends`` (exclusive; default: one per rank), its
         tail. The elements are compressed from the bytes as they are, never decoded."""
         ends = [self.gpu_ends[e - 1] for e in part_ends] if part_ends else self.gpu_ends

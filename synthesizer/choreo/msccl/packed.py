@@ -39,14 +39,6 @@ def pack_xml(text: str, codec: Codec = "zstd") -> bytes:
     return _compress(text.encode(), codec)
 
 
-def pack_parts(text: str, cuts: Sequence[int], codec: Codec = "zstd",
-               ) -> tuple[bytes, list[int]]:
-    """``text`` compressed one member per part (cut at ``cuts``, offsets in characters: a
-    tenant's name in the head may be any text), and where each member ends in bytes."""
-    bounds = [0, *cuts, len(text)]
-    return pack_members([text[a:b].encode() for a, b in itertools.pairwise(bounds)], codec)
-
-
 def pack_members(parts: Sequence[bytes | memoryview], codec: Codec = "zstd",
                  ) -> tuple[bytes, list[int]]:
     """Each part compressed as one member, the members joined, and where each ends.
@@ -109,7 +101,7 @@ def plain_size(body: bytes, ends: Sequence[int]) -> int | None:
 def split_members(body: bytes, ends: Sequence[int], node_of_rank: Sequence[str], *,
                   packed: bool, part_ends: Sequence[int] = ()) -> dict[str, str | bytes]:
     """node name -> its file (as ``split.split_per_node`` writes it) from a file compressed
-    by ``pack_parts`` at a ``Lowering``'s cuts: compressed (``packed``) by joining members,
+    one member per part (``Lowering.packed``): compressed (``packed``) by joining members,
     or plain by inflating only them. The members between head and tail hold one rank each,
     or the ranks up to each of ``part_ends`` (exclusive); a node's ranks must be a run of
     whole parts."""
