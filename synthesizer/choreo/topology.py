@@ -235,19 +235,26 @@ class Topology:
         """What ``to_dict`` holds, hashed from the link columns: the JSON document of a
         1,024-GPU fabric's 16,000 links took 0.03-0.08 s, twice on every failure's path (the
         operator's cut and the service's cache key)."""
-        links, cols = self.links, self.columns
-        kinds = sorted({lk.kind for lk in links})
-        index = {k: i for i, k in enumerate(kinds)}
+        cols = self.columns
+        kinds, kind, healthy = self._link_codes()
         h = hashlib.sha256()
         for part in (self.name, [k.value for k in self.kinds], self.names, kinds,
                      sorted(self.failed), self.dims, sorted(self.reducing)):
             h.update(json.dumps(part, separators=(",", ":")).encode() + b"\0")
-        for column in (cols.src, cols.dst, cols.alpha, cols.bandwidth,
-                       np.fromiter((index[lk.kind] for lk in links), dtype=np.int64,
-                                   count=len(links)),
-                       np.fromiter((lk.healthy for lk in links), dtype=bool, count=len(links))):
+        for column in (cols.src, cols.dst, cols.alpha, cols.bandwidth, kind.astype(np.int64),
+                       healthy):
             h.update(column.tobytes())
         return h.hexdigest()
+
+    def _link_codes(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """The link kinds in use (sorted), each link's index among them, and its health:
+        what the link columns leave out, as arrays."""
+        links = self.links
+        kinds = sorted({lk.kind for lk in links})
+        index = {k: i for i, k in enumerate(kinds)}
+        kind = np.fromiter((index[lk.kind] for lk in links), dtype=np.int16, count=len(links))
+        healthy = np.fromiter((lk.healthy for lk in links), dtype=bool, count=len(links))
+        return kinds, kind, healthy
 
     # ---- (de)serialization ---------------------------------------------------------------
     def __reduce__(self) -> tuple[Any, ...]:
@@ -255,14 +262,9 @@ class Topology:
         0.05 s each way one at a time (a service worker hands schedules to its helper
         process and back). The caches that are columns or small travel along; the
         per-node ones are rebuilt where needed."""
-        links = self.links
-        kinds = sorted({lk.kind for lk in links})
-        index = {k: i for i, k in enumerate(kinds)}
+        kinds, kind, healthy = self._link_codes()
         cols, vias = self.columns, self.vias
-        arrays = (cols.src, cols.dst, cols.alpha, cols.bandwidth,
-                  np.fromiter((index[lk.kind] for lk in links), dtype=np.int16,
-                              count=len(links)),
-                  np.fromiter((lk.healthy for lk in links), dtype=bool, count=len(links)),
+        arrays = (cols.src, cols.dst, cols.alpha, cols.bandwidth, kind, healthy,
                   vias.ptr, vias.links)
         plain = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "links"}
         cached = {k: v for k, v in self.__dict__.items() if k in _PICKLED_CACHES}
