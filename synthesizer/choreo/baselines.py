@@ -28,6 +28,7 @@ import numpy as np
 from choreo.bounds import min_transfers_bytes
 from choreo.collectives import Collective, Demand
 from choreo.errors import ChoreoError, InputError
+from choreo.resources import circuit_lanes
 from choreo.routing import Router, timed_plan
 from choreo.schedule import Op, Schedule
 from choreo.simulate import replay_exclusive, simulate
@@ -88,7 +89,8 @@ def baseline_makespan(
     """The time the baseline takes on ``fabric``: ``simulate(run_baseline(...)).makespan``,
     computed without building the schedule's routed topology. Sends are grouped by rank
     pair; each pair's route is the one ``choreo.routing.route`` takes (the same ``Router``),
-    held exclusively as a circuit (a single link is a circuit of one), and the plan runs
+    held as a circuit (a single link is a circuit of one; on a link with lanes, its lane),
+    and the plan runs
     through the simulator's own pass. ``paths`` shares the routes between the baselines
     of one demand."""
     plan = _plan(name, fabric, demand)
@@ -106,8 +108,12 @@ def baseline_makespan(
     pairs, row = np.unique(src * nodes + dst, return_inverse=True)
     ptr, links, alpha, bandwidth = paths.circuits(pairs // nodes, pairs % nodes)
     duration = alpha[row] + demand.chunk_bytes / bandwidth[row]
-    _, end = replay_exclusive(demand, step, src, dst, chunk, duration, row, ptr, links,
-                              len(fabric.links), op == Op.REDUCE)
+    nf = len(fabric.links)
+    lane, width = circuit_lanes(ptr, links, np.ones(len(pairs), dtype=bool), bandwidth,
+                                pairs // nodes, pairs % nodes, fabric)
+    _, end = replay_exclusive(demand, step, src, dst, chunk, duration, row, ptr,
+                              links + nf * lane, nf * int(width.max(initial=1)),
+                              op == Op.REDUCE)
     return float(end.max())
 
 

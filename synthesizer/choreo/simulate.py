@@ -7,7 +7,8 @@ each transfer really runs. The model (resources as in ``choreo.resources``):
 * each resource serves its transfers one at a time, first come first served in the order of
   the planned start times (ties by transfer index): a fractional share is its own resource
   (and reserves its slice of the port, so a circuit on that port waits for it); a circuit
-  holds every physical link on its path;
+  holds every physical link on its path (one lane of a link between switches that has
+  several: a spine uplink twice as fast as a NIC carries two circuits at once);
 * store-and-forward: a transfer waits for the transfers of the same tenant into its source
   that carry one of its chunks and were planned to end by its planned start; a REDUCE adds to
   what its destination holds, so it waits for those into its destination as well.
@@ -123,7 +124,8 @@ def _grouped(row: np.ndarray, slot: np.ndarray, keep: np.ndarray,
 def _slots(model: LinkModel, nl: int, nf: int) -> Slots:
     """Per model row: slots to wait for and slots to advance.
 
-    Slot ``l`` is logical link l, ``nl + p`` the exclusive (circuit) use of fabric link p and
+    Slot ``l`` is logical link l, ``nl + p`` the exclusive (circuit) use of fabric link p
+    (its lane 0; lane ``i > 0`` of a link with several is ``nl + (i + 1) * nf + p``) and
     ``nl + nf + p`` the latest end of any fractional share on p. A fractional share waits for
     its own link and the circuits on its physical links and advances its share slots; a
     circuit waits for and advances its physical links, and waits for their shares too; a
@@ -137,13 +139,14 @@ def _slots(model: LinkModel, nl: int, nf: int) -> Slots:
     own = np.flatnonzero(frac | (per_row == 0))  # rows whose own link is a slot
     phys_row = np.repeat(np.arange(k, dtype=np.int64), per_row)
     p = model.phys.astype(np.int64)
+    held = nl + np.where(model.lane > 0, (model.lane + 1) * nf + p, p)  # a circuit's lane
     on_circuit = ~frac[phys_row]
     wait_row = np.concatenate([own, phys_row, phys_row[on_circuit]])
-    wait_slot = np.concatenate([model.links[own], nl + p, nl + nf + p[on_circuit]])
+    wait_slot = np.concatenate([model.links[own], held, nl + nf + p[on_circuit]])
     update_row = np.concatenate([own, phys_row[~on_circuit], phys_row[on_circuit]])
     update_slot = np.concatenate([model.links[own], nl + nf + p[~on_circuit],
-                                  nl + p[on_circuit]])
-    count = nl + 2 * nf
+                                  held[on_circuit]])
+    count = nl + (model.lanes + 1) * nf
     advanced = np.zeros(count, dtype=bool)
     advanced[update_slot] = True
     awaited = np.zeros(count, dtype=bool)

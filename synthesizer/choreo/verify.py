@@ -14,8 +14,9 @@ the demands, and checks the contract every engine shares:
   physical ``via`` links exist and are usable, and the transfer lasts at least
   ``alpha + count * chunk_bytes / bandwidth``.
 * **resources** (see ``choreo.resources``): no two transfers overlap on one link; a circuit
-  also excludes every other transfer on its physical links; fractional shares of a physical
-  link never add up to more than its bandwidth. Failed NPUs are never touched.
+  also excludes every other transfer on its physical links (on the lane it holds, where a
+  link has several); fractional shares of a physical link never add up to more than its
+  bandwidth. Failed NPUs are never touched.
 
 Everything is vectorized with numpy except the replay of data, which walks the time-sorted
 events in batches that contain no read-after-write on one chunk copy, so a schedule with
@@ -328,7 +329,7 @@ class _Verifier:
         res_a[rp[:-1][own]] = model.links[own]
         exc_a[rp[:-1][own]] = True
         ports = concat_ranges(rp[:-1] + own, plen)
-        res_a[ports] = nl + model.phys
+        res_a[ports] = nl + model.resource(len(s.fabric.links))
         exc_a[ports] = np.repeat(~model.fractional, plen)
         cnt = (rp[1:] - rp[:-1])[k]
         tid = np.repeat(rows, cnt)
@@ -367,10 +368,11 @@ class _Verifier:
                 lk = topo.links[r]
                 on = f"link {r} ({self._name(lk.src)}->{self._name(lk.dst)})"
             else:
-                f = s.fabric.links[r - nl]
+                lane, p = divmod(r - nl, len(s.fabric.links))
+                f = s.fabric.links[p]
                 on = (
-                    f"fabric link {r - nl} ({s.fabric.node_name(f.src)}->"
-                    f"{s.fabric.node_name(f.dst)})"
+                    f"fabric link {p} ({s.fabric.node_name(f.src)}->"
+                    f"{s.fabric.node_name(f.dst)})" + (f", lane {lane}" if lane else "")
                 )
             self.errors.append(
                 f"{self._where(int(tid[h]))}: overlaps {other} on {on} "

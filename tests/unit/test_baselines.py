@@ -22,6 +22,8 @@ from choreo.baselines import (
     unavailable_reason,
 )
 from choreo.collectives import Collective, Demand
+from choreo.generators import dgx_h100_spine
+from choreo.resources import link_model
 from choreo.schedule import Op
 from choreo.simulate import simulate
 from choreo.topology import Link, NodeKind, Topology, duplex
@@ -170,6 +172,20 @@ def test_reported_time_is_the_simulated_schedules(fabric: Topology) -> None:
             want = simulate(run_baseline(name, fabric, d)).makespan
             assert baseline_makespan(name, fabric, d, paths) == want, (name, ranks, chunks)
             assert baseline_makespan(name, fabric, d) == want
+
+
+@pytest.mark.parametrize("collective", [Collective.ALLGATHER, Collective.ALLREDUCE])
+def test_reported_time_is_the_simulated_schedules_on_a_fabric_with_lanes(
+        collective: Collective) -> None:
+    """Uplinks twice as fast as a NIC carry two circuits at once (``choreo.resources``),
+    in the reported time as in the simulator."""
+    fabric = dgx_h100_spine(2, 2, oversubscription=1.0)
+    d = Demand(collective, tuple(fabric.npus), 1 << 20, chunks=1)
+    for name in baselines_for(d, fabric):
+        s = run_baseline(name, fabric, d)
+        used = np.unique(s.link)
+        assert link_model(s.topology, fabric, used).lanes == 2
+        assert baseline_makespan(name, fabric, d) == simulate(s).makespan, name
 
 
 def test_reported_time_on_a_fabric_of_logical_links() -> None:

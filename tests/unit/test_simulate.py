@@ -121,3 +121,45 @@ def test_empty_schedule() -> None:
     d = Demand(Collective.ALLGATHER, (0, 1), 10)
     r = simulate(Schedule.empty(topo, topo, (d,)))
     assert r.makespan == 0.0 and r.tenant_time.tolist() == [0.0]
+
+
+def _two_leaves(uplink: float) -> tuple[Topology, Topology]:
+    """NPUs 0, 1, 4 on leaf 5 and 2, 3 on leaf 6, the leaves joined at ``uplink`` B/s; the
+    circuits 0->2, 1->3 and 4->3 through it."""
+    fab_links: list[Link] = []
+    for v, leaf in ((0, 5), (1, 5), (4, 5), (2, 6), (3, 6)):
+        fab_links.extend(duplex(v, leaf, ALPHA / 2, BW))  # NIC up 2k, down 2k+1
+    fab_links.extend(duplex(5, 6, ALPHA / 2, uplink))  # up 10, down 11
+    fab = Topology("leaves", (NodeKind.NPU,) * 5 + (NodeKind.SWITCH,) * 2, tuple(fab_links))
+    topo = Topology("circuits", fab.kinds, (
+        Link(0, 2, 3 * ALPHA / 2, BW, via=(0, 10, 7)),
+        Link(1, 3, 3 * ALPHA / 2, BW, via=(2, 10, 9)),
+        Link(4, 3, 3 * ALPHA / 2, BW, via=(4, 10, 9)),
+    ))
+    return fab, topo
+
+
+@pytest.mark.parametrize(("uplink", "together"), [(2 * BW, True), (1.5 * BW, False)])
+def test_a_link_twice_as_fast_as_its_circuits_carries_two_at_once(uplink: float,
+                                                                   together: bool) -> None:
+    fab, topo = _two_leaves(uplink)
+    d = Demand(Collective.ALLGATHER, (0, 1, 2, 3), 4000, chunks=1)
+    t = 3 * ALPHA / 2 + 1000 / BW
+    rows = [(0, 0, 0, 2, 0, 0.0, t, Op.COPY), (0, 1, 1, 3, 1, 0.0, t, Op.COPY)]
+    s = make(fab, topo, d, rows)
+    r = simulate(s)
+    assert r.start[1] == pytest.approx(0.0 if together else t)
+    assert verify(r.retimed(s)).counts["overlap"] == 0  # (a two-rank broadcast at most)
+    if together:  # each circuit used half the uplink
+        assert r.fabric_utilization[10] * r.makespan == pytest.approx(t)
+
+
+def test_circuits_on_one_lane_of_a_fast_link_do_not_overlap() -> None:
+    fab, topo = _two_leaves(2 * BW)
+    d = Demand(Collective.BROADCAST, (0, 1, 2, 3, 4), 1000, chunks=1)
+    t = 3 * ALPHA / 2 + 1000 / BW
+    # the uplink's sources 0, 1, 4 take lanes 0, 1, 0: 0->2 and 4->3 share a lane
+    rows = [(0, 0, 0, 2, 0, 0.0, t, Op.COPY), (0, 0, 4, 3, 2, 0.0, t, Op.COPY),
+            (0, 0, 1, 3, 1, 2 * t, 3 * t, Op.COPY)]
+    v = verify(make(fab, topo, d, rows))
+    assert v.counts["overlap"] == 1 and any("fabric link 10" in e for e in v.errors), v.errors
