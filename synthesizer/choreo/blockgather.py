@@ -41,7 +41,7 @@ from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.hierarchy import MAX_HOST_STEPS, Hop, radices
 from choreo.msccl.layout import MAX_CNT
-from choreo.railgather import hops, in_sequence, lay_out, layout, phase
+from choreo.railgather import hops, in_sequence, lay_out, phase, rail_layout
 from choreo.schedule import Schedule
 from choreo.topology import Topology
 
@@ -56,16 +56,18 @@ MAX_TRANSFERS = 2_000_000
 
 
 def block_layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
-    """Per host, its rank indices in slot order, where the plan applies: ``layout``'s rail
-    fabric, each host's ranks consecutive in the demand and in slot order (so its block of
-    the buffer is contiguous, and piece ``u`` of it is slot ``u``'s shard), and a host
+    """Per host, its rank indices in slot order, where the plan applies: ``rail_layout``'s
+    rail fabric of one block, each host's ranks consecutive in the demand and in slot order
+    (so its block of the buffer is contiguous, and piece ``u`` of it is slot ``u``'s
+    shard), and a host
     count whose prime factors all make levels (``radices``). It costs 0.2 s at 16,384
     GPUs, so planning finds it once and hands it on (``hosts``, ``layouts``)."""
     if demand.collective not in COLLECTIVES:
         return None
-    hosts = layout(fabric, demand)
-    if hosts is None:
+    found = rail_layout(fabric, demand)
+    if found is None or found[1] > 1:  # its levels' estimates know no spine
         return None
+    hosts = found[0]
     mates = len(hosts[0])
     for h, members in enumerate(hosts):
         if members != list(range(h * mates, (h + 1) * mates)):

@@ -20,6 +20,12 @@ Per shard of ``chunks`` chunks, rank ``(h, u)`` (host ``h``, slot ``u``):
   end where they land, so they fill the NICs while the NVSwitch ports drain (in a
   ReduceScatter, also while a NIC waits for the mates to have a piece of the own shard).
 
+Under a spine (rail leaves per block, ``rail_layout``) a shard sent along the rail to every
+host would cross the oversubscribed uplinks once per host of another block. There the rail
+rounds cross into each other block once and the host in that block forwards the shard to
+its block mates (``round_offsets``), and tenants under the same leaves take turns on the
+uplinks.
+
 Every chunk reaches every rank once (a broadcast tree per shard), so ReduceScatter is the
 same plan on reversed links, inverted in time, and AllReduce that ReduceScatter followed by
 the AllGather, both cut into the same chunks. Sends are tagged with their start in a
@@ -56,12 +62,22 @@ SPLITS = (1, 2, 4, 8)  # pieces of the own shard that leave on the rail one afte
 
 
 def layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
-    """Per host, its rank indices in slot order, where the plan applies: an AllGather,
-    ReduceScatter or AllReduce over several hosts that all hold the same slots, on a rail
-    fabric: every rank has one working link to its host's switch and one to a switch
-    outside (its NIC), and the ranks of a slot share that rail switch. None elsewhere (the
-    greedy engine plans those: direct GPU links or several NICs per GPU break the plan's
-    model of two ports)."""
+    """``rail_layout``'s hosts, or None where the plan does not apply."""
+    found = rail_layout(fabric, demand)
+    return None if found is None else found[0]
+
+
+def rail_layout(fabric: Topology, demand: Demand) -> tuple[list[list[int]], int] | None:
+    """Per host, its rank indices in slot order, and the number of blocks, where the plan
+    applies: an AllGather, ReduceScatter or AllReduce over several hosts that all hold the
+    same slots, on a rail fabric: every rank has one working link to its host's switch and
+    one to a switch outside (its NIC). A *block* is the hosts whose ranks of each slot
+    share that rail switch (one block: every slot's ranks share one; several: rail leaves
+    under a spine, for an AllGather: inverted, the plan's forwards would have a GPU reduce
+    what its block sends while its mates send theirs, which lowers only in some cases, and
+    the greedy engine was faster there); every block holds as many of the demand's hosts,
+    and the hosts come block by block. None elsewhere (the greedy engine plans those: direct
+    GPU links or several NICs per GPU break the plan's model of two ports)."""
     if demand.collective not in COLLECTIVES:
         return None
     hosts = hosts_of(fabric, demand.ranks)
@@ -70,20 +86,21 @@ def layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
     slots = [s for s, _ in hosts[0]]
     if len(slots) < 2 or any([s for s, _ in h] != slots for h in hosts):
         return None
-    rails: dict[int, set[int]] = {}
+    blocks: dict[tuple[int, ...], list[list[int]]] = {}
     for members in hosts:
-        switches = set()
-        for slot, r in members:
-            ports = _ports(fabric, demand.ranks[r])
-            if ports is None:
-                return None
-            switches.add(ports[0])
-            rails.setdefault(slot, set()).add(ports[1])
-        if len(switches) != 1:
+        ports = [_ports(fabric, demand.ranks[r]) for _, r in members]
+        if any(p is None for p in ports) or len({p[0] for p in ports if p}) != 1:
             return None
-    if any(len(rail) != 1 for rail in rails.values()):
-        return None
-    return [[r for _, r in h] for h in hosts]
+        rails = tuple(p[1] for p in ports if p)
+        blocks.setdefault(rails, []).append([r for _, r in members])
+    leaves = [sw for rails in blocks for sw in set(rails)]
+    if len(set(leaves)) != len(leaves) or len({len(b) for b in blocks.values()}) != 1:
+        return None  # a rail switch in two blocks, or blocks of unlike sizes
+    if len(blocks) == 1:
+        return [[r for _, r in h] for h in hosts], 1
+    if demand.collective is not Collective.ALLGATHER:
+        return None  # inverted, a gateway reduces what its block sends while its mates do
+    return [h for block in blocks.values() for h in block], len(blocks)
 
 
 def _ports(fabric: Topology, v: int) -> tuple[int, int] | None:
@@ -273,14 +290,15 @@ def chunk_choices(shard: float, rail: Hop, choices: Sequence[int] = CHUNK_CHOICE
 
 
 def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: bool,
-           choices: Sequence[int] = CHUNK_CHOICES, steps: int = MAX_HOST_STEPS
-           ) -> tuple[float, Shape]:
+           choices: Sequence[int] = CHUNK_CHOICES, steps: int = MAX_HOST_STEPS,
+           relayed: bool = True) -> tuple[float, Shape]:
     """The earliest estimated end and its shape, over ``choices`` of chunks per shard, among
     shapes whose node files take at most ``steps`` MSCCL steps (every GPU's sends, a step at
     each end; the earliest of all where none does). The relayed share ``f`` balances the
     two ports: a GPU takes
     ``(hosts - 1) * (1 + (mates - 1) * f)`` shards on its NIC and
-    ``(mates - 1) * (1 + (1 - f) * (hosts - 1))`` over NVSwitch."""
+    ``(mates - 1) * (1 + (1 - f) * (hosts - 1))`` over NVSwitch. Without ``relayed`` no
+    chunk is relayed (hosts under a spine: ``round_offsets``)."""
     a, b = rail.beta, host.beta
     m1, h1 = mates - 1, hosts - 1
     f = max(0.0, (m1 * b * (1 + h1) - h1 * a) / (h1 * m1 * (a + b)))
@@ -288,7 +306,7 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     fitting: tuple[float, Shape] | None = None
     seen: set[tuple[object, ...]] = set()  # tails that cut the same pieces are one candidate
     for c in chunk_choices(shard, rail, choices):
-        relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)}
+        relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)} if relayed else {0}
         for r in sorted(relays):
             for split in (k for k in SPLITS if k <= c - r):
                 for tail, taper, rounds in TAILS:
@@ -310,25 +328,55 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     return fitting or best
 
 
+def round_offsets(blocks: int, per: int, own_first: bool = False) -> list[tuple[int, int]]:
+    """Rail round ``k``'s (block offset, offset within the block), ``k = 1 .. blocks * per -
+    1``, for ``per`` hosts in each of ``blocks`` blocks, block by block. In round ``(db, 0)``
+    a rank sends its shard to its place in block ``b + db``, across the spine; in round
+    ``(0, di)`` to the host ``di`` places on in its own block; in round ``(db, di)`` it
+    forwards there the shard that came across from block ``b - db`` (which came in an
+    earlier round). So every shard crosses into each other block once, the least a spine
+    can carry, and each GPU still sends and receives one shard a round. The crossings
+    alternate with their forwards; ``own_first`` puts the rounds within the block first,
+    so that two tenants under the same leaves, one of each kind, take turns on the spine.
+    One block: round ``k`` is ``(0, k)``, the host ``k`` places on."""
+    own = [(0, di) for di in range(1, per)]
+    across = [r for db in range(1, blocks) for r in [(db, 0), *((db, di) for di in range(1, per))]]
+    return own + across if own_first else across + own
+
+
 def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: Hop,
-         reduced: bool = False) -> np.ndarray:
+         reduced: bool = False, blocks: int = 1,
+         offsets: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
     """AllGather sends in rank space: rows of (estimated start, estimated seconds, src rank,
-    dst rank, first chunk, chunk count); ``reduced``: to be inverted into a ReduceScatter."""
+    dst rank, first chunk, chunk count); ``reduced``: to be inverted into a ReduceScatter.
+    ``hosts`` come block by block (``rail_layout``), their rail rounds as ``offsets`` says
+    (``round_offsets``'s order by default)."""
     mates, nh, c = len(hosts[0]), len(hosts), shape.chunks
+    per = nh // blocks
+    offsets = round_offsets(blocks, per) if offsets is None else offsets
+    assert blocks == 1 or not shape.relay, "a spine's plan relays no chunk"
     shard = demand.size / demand.n
     est = estimate(shape, mates, nh, shard, host, rail, reduced)
     cb = shard / c
+    def at(b: int, i: int) -> list[int]:
+        return hosts[b % blocks * per + i % per]
+
     rows = []
     for h, members in enumerate(hosts):
+        b, i = divmod(h, per)
         for p, r in enumerate(members):
-            for at, turn, lo, hi, whose in est.nvl:
-                origin = r if whose == 0 else hosts[(h + whose) % nh][p]  # whose = -k
-                rows.append((at, host.time((hi - lo) * cb), r, members[(p + turn) % mates],
-                             origin * c + lo, hi - lo))
-            for at, k, lo, hi, turn in est.nic:
-                origin = r if turn == 0 else members[(p - turn) % mates]
-                rows.append((at, rail.time((hi - lo) * cb), r, hosts[(h + k) % nh][p],
-                             origin * c + lo, hi - lo))
+            for start, turn, lo, hi, whose in est.nvl:
+                db, di = offsets[-whose - 1] if whose else (0, 0)  # whose = -k: round k's
+                rows.append((start, host.time((hi - lo) * cb), r, members[(p + turn) % mates],
+                             at(b - db, i - di)[p] * c + lo, hi - lo))
+            for start, k, lo, hi, turn in est.nic:
+                db, di = offsets[k - 1]
+                if db and di:  # a forward of what came across from block b - db
+                    to, origin = at(b, i + di)[p], at(b - db, i)[p]
+                else:
+                    to = at(b + db, i + di)[p]
+                    origin = r if turn == 0 else members[(p - turn) % mates]
+                rows.append((start, rail.time((hi - lo) * cb), r, to, origin * c + lo, hi - lo))
     return np.asarray(rows, dtype=np.float64).reshape(-1, 6)
 
 
@@ -342,40 +390,51 @@ class RailPlan:
     rail: Hop
     phases: list[tuple[bool, Shape]]
     estimate: float
+    blocks: int = 1  # ``rail_layout``'s
+    offsets: tuple[tuple[int, int], ...] = ()  # ``round_offsets``'
 
 
 def plans(fabric: Topology, demands: Sequence[Demand]) -> list[RailPlan]:
     """Every demand's shapes: the estimate ``synthesize`` compares before laying the plan
-    out (the slowest demand's; sharing links can only add to it), and what it lays out."""
-    return [_shape(fabric, t, d) for t, d in enumerate(demands)]
+    out (the slowest demand's; sharing links can only add to it), and what it lays out.
+    Demands under a spine take turns on it: every other one starts with its rounds within
+    the block (``round_offsets``)."""
+    out: list[RailPlan] = []
+    for t, d in enumerate(demands):
+        out.append(_shape(fabric, t, d, own_first=sum(p.blocks > 1 for p in out) % 2 == 1))
+    return out
 
 
-def _shape(fabric: Topology, t: int, d: Demand) -> RailPlan:
-    hosts = layout(fabric, d)
-    if hosts is None:
+def _shape(fabric: Topology, t: int, d: Demand, own_first: bool = False) -> RailPlan:
+    found = rail_layout(fabric, d)
+    if found is None:
         raise InputError(f"tenants[{t}]: the rail plan needs an AllGather, ReduceScatter or "
                          "AllReduce over several hosts alike, every rank on a rail")
+    hosts, blocks = found
     host, rail = hops(fabric, d.ranks)
     mates, nh, shard = len(hosts[0]), len(hosts), d.size / d.n
+    relayed = blocks == 1
     if d.collective is Collective.ALLREDUCE:  # its ReduceScatter, then its AllGather
         def phases(c: int) -> list[tuple[bool, tuple[float, Shape]]]:
             """Both phases with chunks ``c``, in one node file: each within half the budget
             where the best of each would not fit together."""
-            found = [(r, search(mates, nh, shard, host, rail, r, (c,))) for r in (True, False)]
+            found = [(r, search(mates, nh, shard, host, rail, r, (c,), relayed=relayed))
+                     for r in (True, False)]
             steps = sum(2 * mates * estimate(shape, mates, nh, shard, host, rail, r,
                                              record=False).sends for r, (_, shape) in found)
             if steps <= MAX_HOST_STEPS:
                 return found
-            return [(r, search(mates, nh, shard, host, rail, r, (c,), MAX_HOST_STEPS // 2))
-                    for r in (True, False)]
+            return [(r, search(mates, nh, shard, host, rail, r, (c,), MAX_HOST_STEPS // 2,
+                               relayed)) for r in (True, False)]
 
         pairs = [phases(c) for c in chunk_choices(shard, rail)]
         best = min(pairs, key=lambda ph: ph[0][1][0] + ph[1][1][0])
     else:
         reduced = d.collective is Collective.REDUCESCATTER
-        best = [(reduced, search(mates, nh, shard, host, rail, reduced))]
+        best = [(reduced, search(mates, nh, shard, host, rail, reduced, relayed=relayed))]
     return RailPlan(hosts, host, rail, [(reduced, found[1]) for reduced, found in best],
-                    sum(found[0] for _, found in best))
+                    sum(found[0] for _, found in best), blocks,
+                    tuple(round_offsets(blocks, nh // blocks, own_first)))
 
 
 def rail_gather(fabric: Topology, demands: Sequence[Demand],
@@ -392,8 +451,9 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand],
     for d, p in zip(demands, shaped, strict=True):
         d = replace(d, chunks=p.phases[0][1].chunks)
         planned.append(d)
-        shapes.append({"phases": [asdict(shape) for _, shape in p.phases]})
-        raws = [(plan(d, p.hosts, shape, p.host, p.rail, reduced), reduced)
+        shapes.append({"phases": [asdict(shape) for _, shape in p.phases],
+                       **({"blocks": p.blocks, "offsets": p.offsets} if p.blocks > 1 else {})})
+        raws = [(plan(d, p.hosts, shape, p.host, p.rail, reduced, p.blocks, p.offsets), reduced)
                 for reduced, shape in p.phases]
         cols.append(in_sequence([(phase(raw, reduced), float((raw[:, 0] + raw[:, 1]).max()))
                                  for raw, reduced in raws]))

@@ -52,3 +52,36 @@ def test_gathers_on_rails(preset: str, hosts: int, slots: int, lost: bool,
     files = split_per_node(xml, [fabric.names[r].split("/")[0] for r in s.demands[0].ranks])
     assert max(len(text.encode()) for text in files.values()) <= MAX_CONFIGMAP_BYTES
     assert validate(xml) == []
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blocks=st.integers(2, 4), per_block=st.sampled_from([2, 4]), tenants=st.integers(1, 2),
+       slots=st.integers(2, 8), size_mib=st.sampled_from([16, 1024]),
+       seed=st.integers(0, 2**16))
+def test_gathers_under_a_spine(blocks: int, per_block: int, tenants: int, slots: int,
+                               size_mib: int, seed: int) -> None:
+    """Tenants with as many nodes in every block of a 2:1 spine, on some slots: every
+    tenant's AllGather verifies, is never faster than its bound nor slower than the rail
+    plan, and its program fits one ConfigMap per node and passes the validator."""
+    rnd = random.Random(seed)
+    fabric = build(f"dgx-h100-spine-{blocks}x{per_block}")
+    chosen = set(rnd.sample(range(8), slots))
+    per = per_block // tenants
+    demands = [Demand(Collective.ALLGATHER, tuple(
+        (b * per_block + t * per + i) * 8 + u for b in range(blocks) for i in range(per)
+        for u in sorted(chosen)), size_mib << 20, 1, name=f"t{t}") for t in range(tenants)]
+    s = synthesize(fabric, demands, SynthOptions(relay=False))
+    verdict = verify(s)
+    assert verdict.ok, verdict.summary()
+    sim = simulate(s)
+    for t, d in enumerate(demands):
+        others = [x for x in demands if x is not d]
+        bound = lower_bound(fabric, d, others, whole_chunks=not s.ranged).value_s
+        assert bound <= sim.tenant_time[t] * (1 + 1e-9)
+    if all(layout(fabric, d) is not None for d in demands):
+        assert sim.makespan <= simulate(rail_gather(fabric, demands)).makespan * (1 + 1e-9)
+    for t, d in enumerate(s.demands):
+        xml = to_xml(s, t)
+        files = split_per_node(xml, [fabric.names[r].split("/")[0] for r in d.ranks])
+        assert max(len(text.encode()) for text in files.values()) <= MAX_CONFIGMAP_BYTES
+        assert validate(xml) == []

@@ -243,3 +243,76 @@ def test_a_reducescatter_nic_relays_while_it_waits_for_the_mates() -> None:
     assert verify(s).ok, verify(s).summary()
     result = interpret.run(to_xml(s, 0))
     assert result.ok, str(result)
+
+
+def _spine_tenants(blocks: int, tenants: int, collective: Collective = Collective.ALLGATHER,
+                   size: int = GIB) -> tuple[object, list[Demand]]:
+    """``tenants`` tenants on ``dgx-h100-spine-<blocks>x4``, each with as many nodes in
+    every block: their traffic between blocks meets on the 2:1 uplinks."""
+    fabric = build(f"dgx-h100-spine-{blocks}x4")
+    per = 4 // tenants
+    return fabric, [Demand(collective, tuple(
+        g for b in range(blocks) for i in range(per)
+        for g in range(8 * (4 * b + t * per + i), 8 * (4 * b + t * per + i) + 8)), size, 1,
+        name=f"t{t}") for t in range(tenants)]
+
+
+@pytest.mark.parametrize(("blocks", "per"), [(1, 5), (2, 2), (4, 2), (3, 4)])
+@pytest.mark.parametrize("own_first", [False, True])
+def test_each_round_under_a_spine_reaches_a_new_host_and_forwards_what_came_across(
+        blocks: int, per: int, own_first: bool) -> None:
+    offsets = railgather.round_offsets(blocks, per, own_first)
+    assert sorted(offsets) == sorted(
+        (db, di) for db in range(blocks) for di in range(per) if db or di)
+    for k, (db, di) in enumerate(offsets):
+        if db and di:  # a forward: its shard came across in an earlier round
+            assert (db, 0) in offsets[:k]
+    if blocks == 1:
+        assert offsets == [(0, k) for k in range(1, per)]  # the flat plan's rounds
+
+
+def test_the_hosts_under_a_spine_come_block_by_block() -> None:
+    fabric, demands = _spine_tenants(4, 2)
+    found = railgather.rail_layout(fabric, demands[0])
+    assert found is not None
+    hosts, blocks = found
+    assert blocks == 4
+    nodes = [int(fabric.names[demands[0].ranks[h[0]]].split("/")[0][4:]) for h in hosts]
+    assert nodes == [0, 1, 4, 5, 8, 9, 12, 13]
+    _, reduced = _spine_tenants(4, 2, Collective.REDUCESCATTER)
+    assert layout(fabric, reduced[0]) is None  # the greedy engine plans it
+
+
+def test_under_a_spine_each_shard_crosses_into_each_other_block_once() -> None:
+    fabric, demands = _spine_tenants(2, 2)
+    s = rail_gather(fabric, demands)
+    assert verify(s).ok, verify(s).summary()
+    uplinks = {i for i, lk in enumerate(fabric.links)
+               if fabric.node_name(lk.src).startswith("block")
+               and fabric.node_name(lk.dst).startswith("spine")}
+    for t, d in enumerate(s.demands):
+        crossing = sum(float(s.count[i]) * d.chunk_bytes for i in range(len(s))
+                       if s.tenant[i] == t and uplinks & set(s.topology.links[s.link[i]].via))
+        # 32 ranks' shards, each into the one other block once (not once per host there)
+        assert crossing == pytest.approx(d.n * d.size / d.n)
+
+
+def test_two_tenants_under_a_spine_take_turns_on_it_and_beat_the_greedy_engine() -> None:
+    fabric, demands = _spine_tenants(4, 2)
+    chosen = synthesize(fabric, demands, SynthOptions(relay=False))
+    assert chosen.engine == railgather.ENGINE
+    assert [p.offsets[0] for p in railgather.plans(fabric, demands)] == [(1, 0), (0, 1)]
+    greedy = synth._synthesize_on(fabric, synth.logical_views(
+        fabric, tuple(demands), SynthOptions(relay=False))[0], tuple(demands),
+        SynthOptions(relay=False))
+    assert greedy is not None
+    assert simulate(chosen).makespan < simulate(greedy).makespan
+    assert verify(chosen).ok
+
+
+def test_a_plan_under_a_spine_runs_in_the_msccl_interpreter() -> None:
+    fabric, demands = _spine_tenants(2, 2, size=16 << 20)
+    s = rail_gather(fabric, demands)
+    for t in range(len(demands)):
+        result = interpret.run(to_xml(s, t))
+        assert result.ok, str(result)
