@@ -23,8 +23,8 @@ Per shard of ``chunks`` chunks, rank ``(h, u)`` (host ``h``, slot ``u``):
 Under a spine (rail leaves per block, ``rail_layout``) a shard sent along the rail to every
 host would cross the oversubscribed uplinks once per host of another block. There the rail
 rounds cross into each other block once and the host in that block forwards the shard to
-its block mates (``round_offsets``), and tenants under the same leaves take turns on the
-uplinks.
+its block mates, half of a block's hosts crossing at a time where there are enough, or
+tenants under the same leaves taking turns (``rail_moves``).
 
 Every chunk reaches every rank once (a broadcast tree per shard), so ReduceScatter is the
 same plan on reversed links, inverted in time, and AllReduce that ReduceScatter followed by
@@ -298,7 +298,7 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     two ports: a GPU takes
     ``(hosts - 1) * (1 + (mates - 1) * f)`` shards on its NIC and
     ``(mates - 1) * (1 + (1 - f) * (hosts - 1))`` over NVSwitch. Without ``relayed`` no
-    chunk is relayed (hosts under a spine: ``round_offsets``)."""
+    chunk is relayed (hosts under a spine: ``rail_moves``)."""
     a, b = rail.beta, host.beta
     m1, h1 = mates - 1, hosts - 1
     f = max(0.0, (m1 * b * (1 + h1) - h1 * a) / (h1 * m1 * (a + b)))
@@ -328,36 +328,112 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     return fitting or best
 
 
-def round_offsets(blocks: int, per: int, own_first: bool = False) -> list[tuple[int, int]]:
-    """Rail round ``k``'s (block offset, offset within the block), ``k = 1 .. blocks * per -
-    1``, for ``per`` hosts in each of ``blocks`` blocks, block by block. In round ``(db, 0)``
-    a rank sends its shard to its place in block ``b + db``, across the spine; in round
-    ``(0, di)`` to the host ``di`` places on in its own block; in round ``(db, di)`` it
-    forwards there the shard that came across from block ``b - db`` (which came in an
-    earlier round). So every shard crosses into each other block once, the least a spine
-    can carry, and each GPU still sends and receives one shard a round. The crossings
-    alternate with their forwards; ``own_first`` puts the rounds within the block first,
-    so that two tenants under the same leaves, one of each kind, take turns on the spine.
-    One block: round ``k`` is ``(0, k)``, the host ``k`` places on."""
-    own = [(0, di) for di in range(1, per)]
-    across = [r for db in range(1, blocks) for r in [(db, 0), *((db, di) for di in range(1, per))]]
-    return own + across if own_first else across + own
+# A place's send in one rail round under a spine, all relative to the sender ``(b, i)``
+# (block ``b``, place ``i`` in it): it sends to ``(b + across, i + along)`` the shard of
+# ``(b - back, i)``: its own (``back`` 0), or one that came across the spine from there.
+Move = tuple[int, int, int]
+
+
+def rail_moves(blocks: int, per: int, own_first: bool = False) -> list[tuple[Move, ...]]:
+    """Each rail round's move of every place, for ``per`` hosts in each of ``blocks`` blocks
+    (rounds ``1 .. blocks * per - 1``). A rank sends its shard across the spine to its own
+    place in every other block, and to every other place in its block; a rank forwards what
+    came across to every other place in its block (after it came). So every shard crosses
+    into each other block once, the least a spine can carry, and in every round each rank
+    sends one shard and receives one. One block: round ``k`` sends to the host ``k`` places
+    on, the rotation.
+
+    Half of a block's places cross in one round where each half has two places or more
+    (a 2:1 spine carries half of what its NICs send): the lower half crosses while the
+    upper half sends one place on among itself, then the other way round; the rounds after
+    (every crossing done) are the rest of the sends within the block, a permutation each.
+    Elsewhere all places cross together, each crossing followed by its forwards. Either
+    way ``own_first`` starts the other way (the upper half first; the rounds within the
+    block first), so that two tenants under the same leaves take turns on the spine."""
+    if blocks == 1:
+        return [((0, k, 0),) * per for k in range(1, per)]
+    if per < 4:
+        own = [(0, d, 0) for d in range(1, per)]
+        across = [m for db in range(1, blocks)
+                  for m in [(db, 0, 0), *((0, d, db) for d in range(1, per))]]
+        return [(m,) * per for m in (own + across if own_first else across + own)]
+    halves = [list(range(per // 2)), list(range(per // 2, per))]
+    if own_first:
+        halves.reverse()
+    left = [{(d, back): 1 for d in range(1, per) for back in range(blocks)}
+            for _ in range(per)]  # each place's sends within the block still to go
+    crossed: list[list[int]] = [[] for _ in range(per)]
+
+    def along(i: int, to: int) -> Move:
+        """Place ``i``'s send to place ``to``: a forward of what came across first, else
+        its own shard."""
+        d = (to - i) % per
+        back = min((x for x in crossed[i] if left[i].get((d, x))), default=0)
+        del left[i][(d, back)]
+        return (0, d, back)
+
+    rounds: list[tuple[Move, ...]] = []
+    for db in range(1, blocks):
+        for cross, stay in (halves, halves[::-1]):
+            moves: list[Move] = [(0, 0, 0)] * per
+            for i in cross:
+                crossed[i].append(db)
+                moves[i] = (db, 0, 0)
+            for j, i in enumerate(stay):
+                moves[i] = along(i, stay[(j + 1) % len(stay)])
+            rounds.append(tuple(moves))
+    while left[0]:  # what is left is as many sends from each place as into it
+        rounds.append(tuple(along(i, to) for i, to in enumerate(_matching(left, per))))
+    return rounds
+
+
+def _matching(left: list[dict[tuple[int, int], int]], per: int) -> list[int]:
+    """A target place for every place among its sends left (``(d, back)``: to ``d`` places
+    on), every place the target of one: a perfect matching, which a graph with as many
+    edges out of every place as into it always has (Kuhn's augmenting paths)."""
+    targets = [sorted({(i + d) % per for d, _ in left[i]}) for i in range(per)]
+    owner = [-1] * per
+
+    def augment(i: int, seen: set[int]) -> bool:
+        for t in targets[i]:
+            if t not in seen:
+                seen.add(t)
+                if owner[t] < 0 or augment(owner[t], seen):
+                    owner[t] = i
+                    return True
+        return False
+
+    for i in range(per):
+        if not augment(i, set()):
+            raise AssertionError("the sends left within a block have no perfect matching")
+    to = [0] * per
+    for t, i in enumerate(owner):
+        to[i] = t
+    return to
 
 
 def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: Hop,
          reduced: bool = False, blocks: int = 1,
-         offsets: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
+         moves: Sequence[tuple[Move, ...]] | None = None) -> np.ndarray:
     """AllGather sends in rank space: rows of (estimated start, estimated seconds, src rank,
     dst rank, first chunk, chunk count); ``reduced``: to be inverted into a ReduceScatter.
-    ``hosts`` come block by block (``rail_layout``), their rail rounds as ``offsets`` says
-    (``round_offsets``'s order by default)."""
+    ``hosts`` come block by block (``rail_layout``), their rail rounds as ``moves`` says
+    (``rail_moves`` by default)."""
     mates, nh, c = len(hosts[0]), len(hosts), shape.chunks
     per = nh // blocks
-    offsets = round_offsets(blocks, per) if offsets is None else offsets
+    moves = rail_moves(blocks, per) if moves is None else moves
     assert blocks == 1 or not shape.relay, "a spine's plan relays no chunk"
     shard = demand.size / demand.n
     est = estimate(shape, mates, nh, shard, host, rail, reduced)
     cb = shard / c
+    # where what place i receives in round k comes from: (blocks back, place)
+    came: list[list[tuple[int, int]]] = []
+    for round_moves in moves:
+        sender = [(0, 0)] * per
+        for j, (across, step, back) in enumerate(round_moves):
+            sender[(j + step) % per] = (across + back, j)
+        came.append(sender)
+
     def at(b: int, i: int) -> list[int]:
         return hosts[b % blocks * per + i % per]
 
@@ -366,17 +442,14 @@ def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: 
         b, i = divmod(h, per)
         for p, r in enumerate(members):
             for start, turn, lo, hi, whose in est.nvl:
-                db, di = offsets[-whose - 1] if whose else (0, 0)  # whose = -k: round k's
+                back, j = came[-whose - 1][i] if whose else (0, i)  # whose = -k: round k's
                 rows.append((start, host.time((hi - lo) * cb), r, members[(p + turn) % mates],
-                             at(b - db, i - di)[p] * c + lo, hi - lo))
+                             at(b - back, j)[p] * c + lo, hi - lo))
             for start, k, lo, hi, turn in est.nic:
-                db, di = offsets[k - 1]
-                if db and di:  # a forward of what came across from block b - db
-                    to, origin = at(b, i + di)[p], at(b - db, i)[p]
-                else:
-                    to = at(b + db, i + di)[p]
-                    origin = r if turn == 0 else members[(p - turn) % mates]
-                rows.append((start, rail.time((hi - lo) * cb), r, to, origin * c + lo, hi - lo))
+                across, step, back = moves[k - 1][i]
+                origin = at(b - back, i)[p] if turn == 0 else members[(p - turn) % mates]
+                rows.append((start, rail.time((hi - lo) * cb), r, at(b + across, i + step)[p],
+                             origin * c + lo, hi - lo))
     return np.asarray(rows, dtype=np.float64).reshape(-1, 6)
 
 
@@ -391,14 +464,14 @@ class RailPlan:
     phases: list[tuple[bool, Shape]]
     estimate: float
     blocks: int = 1  # ``rail_layout``'s
-    offsets: tuple[tuple[int, int], ...] = ()  # ``round_offsets``'
+    moves: tuple[tuple[Move, ...], ...] = ()  # ``rail_moves``'
 
 
 def plans(fabric: Topology, demands: Sequence[Demand]) -> list[RailPlan]:
     """Every demand's shapes: the estimate ``synthesize`` compares before laying the plan
     out (the slowest demand's; sharing links can only add to it), and what it lays out.
     Demands under a spine take turns on it: every other one starts with its rounds within
-    the block (``round_offsets``)."""
+    the block (``rail_moves``)."""
     out: list[RailPlan] = []
     for t, d in enumerate(demands):
         out.append(_shape(fabric, t, d, own_first=sum(p.blocks > 1 for p in out) % 2 == 1))
@@ -434,7 +507,7 @@ def _shape(fabric: Topology, t: int, d: Demand, own_first: bool = False) -> Rail
         best = [(reduced, search(mates, nh, shard, host, rail, reduced, relayed=relayed))]
     return RailPlan(hosts, host, rail, [(reduced, found[1]) for reduced, found in best],
                     sum(found[0] for _, found in best), blocks,
-                    tuple(round_offsets(blocks, nh // blocks, own_first)))
+                    tuple(rail_moves(blocks, nh // blocks, own_first)))
 
 
 def rail_gather(fabric: Topology, demands: Sequence[Demand],
@@ -452,8 +525,8 @@ def rail_gather(fabric: Topology, demands: Sequence[Demand],
         d = replace(d, chunks=p.phases[0][1].chunks)
         planned.append(d)
         shapes.append({"phases": [asdict(shape) for _, shape in p.phases],
-                       **({"blocks": p.blocks, "offsets": p.offsets} if p.blocks > 1 else {})})
-        raws = [(plan(d, p.hosts, shape, p.host, p.rail, reduced, p.blocks, p.offsets), reduced)
+                       **({"blocks": p.blocks} if p.blocks > 1 else {})})
+        raws = [(plan(d, p.hosts, shape, p.host, p.rail, reduced, p.blocks, p.moves), reduced)
                 for reduced, shape in p.phases]
         cols.append(in_sequence([(phase(raw, reduced), float((raw[:, 0] + raw[:, 1]).max()))
                                  for raw, reduced in raws]))
