@@ -505,9 +505,26 @@ def _shape(fabric: Topology, t: int, d: Demand, own_first: bool = False) -> Rail
     else:
         reduced = d.collective is Collective.REDUCESCATTER
         best = [(reduced, search(mates, nh, shard, host, rail, reduced, relayed=relayed))]
+    moves = tuple(rail_moves(blocks, nh // blocks, own_first))
     return RailPlan(hosts, host, rail, [(reduced, found[1]) for reduced, found in best],
-                    sum(found[0] for _, found in best), blocks,
-                    tuple(rail_moves(blocks, nh // blocks, own_first)))
+                    sum(found[0] for _, found in best) * _spine_slowdown(
+                        fabric, d.ranks[hosts[0][0]], rail, moves), blocks, moves)
+
+
+def _spine_slowdown(fabric: Topology, rank: int, rail: Hop,
+                    moves: Sequence[tuple[Move, ...]]) -> float:
+    """How much longer than the estimate the rail rounds take where more of a block's
+    places cross the spine at once than its uplink has lanes (``choreo.resources``): the
+    crossing rounds take that many times as long, the demand alone. 1 on one block."""
+    crossing = [sum(across > 0 for across, _, _ in m) for m in moves]
+    if not any(crossing):
+        return 1.0
+    leaf = _ports(fabric, rank)
+    assert leaf is not None  # ``rail_layout`` has checked
+    up = sum(fabric.links[k].bandwidth for k in fabric.out_links(leaf[1])
+             if fabric.usable(k) and not fabric.is_npu(fabric.links[k].dst))
+    lanes = max(1, int(up * rail.beta * (1 + 1e-9)))
+    return sum(max(1.0, c / lanes) for c in crossing) / len(moves)
 
 
 def rail_gather(fabric: Topology, demands: Sequence[Demand],

@@ -337,3 +337,18 @@ def test_a_plan_under_a_spine_runs_in_the_msccl_interpreter(tenants: int) -> Non
     for t in range(len(demands)):
         result = interpret.run(to_xml(s, t))
         assert result.ok, str(result)
+
+
+def test_where_a_blocks_hosts_cross_together_the_estimate_counts_the_wait_for_the_uplink(
+) -> None:
+    """Two hosts a block under a 2:1 spine: the uplink has one NIC's lane, both cross at
+    once, so the crossing rounds take twice as long; the estimate says so, and
+    ``synthesize`` keeps the greedy engine's schedule."""
+    fabric = build("dgx-h100-spine-4x2")
+    demand = Demand(Collective.ALLGATHER, tuple(fabric.npus), GIB, 1)
+    shaped = railgather.plans(fabric, [demand])
+    simulated = simulate(rail_gather(fabric, [demand], shaped)).makespan
+    assert shaped[0].estimate == pytest.approx(simulated, rel=0.02)
+    chosen = synthesize(fabric, [demand], SynthOptions(relay=False))
+    assert chosen.engine != railgather.ENGINE
+    assert simulate(chosen).makespan < simulated
