@@ -470,12 +470,52 @@ class RailPlan:
 def plans(fabric: Topology, demands: Sequence[Demand]) -> list[RailPlan]:
     """Every demand's shapes: the estimate ``synthesize`` compares before laying the plan
     out (the slowest demand's; sharing links can only add to it), and what it lays out.
-    Demands under a spine take turns on it: every other one starts with its rounds within
-    the block (``rail_moves``)."""
-    out: list[RailPlan] = []
-    for t, d in enumerate(demands):
-        out.append(_shape(fabric, t, d, own_first=sum(p.blocks > 1 for p in out) % 2 == 1))
-    return out
+    Demands under a spine take turns on it (``_turns``)."""
+    return [_shape(fabric, t, d, own_first) for t, (d, own_first)
+            in enumerate(zip(demands, _turns(fabric, demands), strict=True))]
+
+
+def _turns(fabric: Topology, demands: Sequence[Demand]) -> list[bool]:
+    """Per demand, whether its rail rounds start the other way (``rail_moves``'
+    ``own_first``): under a spine, each demand in turn takes the way whose crossings meet
+    the fewest of the demands' before it on one lane of an uplink, every other one where
+    both meet as many. A GPU's lane is its place among its leaf's GPUs that cross, round
+    robin, as ``choreo.resources`` assigns them; slot 0's GPU stands for its host."""
+    found = [rail_layout(fabric, d) for d in demands]
+    leaf: dict[int, int] = {}
+    for d, f in zip(demands, found, strict=True):
+        if f is not None and f[1] > 1:
+            for first, *_ in f[0]:
+                leaf[d.ranks[first]] = _leaf(fabric, d.ranks[first])
+    place: dict[int, int] = {}
+    seen: collections.Counter[int] = collections.Counter()
+    for v in sorted(leaf):
+        place[v] = seen[leaf[v]]
+        seen[leaf[v]] += 1
+    busy: collections.Counter[tuple[int, int, int]] = collections.Counter()
+    turns: list[bool] = []
+    for d, f in zip(demands, found, strict=True):
+        if f is None or f[1] == 1:
+            turns.append(False)
+            continue
+        hosts, blocks = f
+        per = len(hosts) // blocks
+        lanes = _uplink_lanes(fabric, leaf[d.ranks[hosts[0][0]]], hops(fabric, d.ranks)[1])
+        uses = []
+        for own_first in (False, True):
+            use: collections.Counter[tuple[int, int, int]] = collections.Counter()
+            for k, moves in enumerate(rail_moves(blocks, per, own_first)):
+                for h, members in enumerate(hosts):
+                    v = d.ranks[members[0]]
+                    if moves[h % per][0]:
+                        use[(leaf[v], k, place[v] % lanes)] += 1
+            uses.append(use)
+        clashes = [sum(max(0, busy[key] + n - 1) for key, n in use.items()) for use in uses]
+        default = sum(1 for g in found[:len(turns)] if g is not None and g[1] > 1) % 2 == 1
+        own_first = clashes[1] < clashes[0] or (clashes[1] == clashes[0] and default)
+        busy.update(uses[own_first])
+        turns.append(own_first)
+    return turns
 
 
 def _shape(fabric: Topology, t: int, d: Demand, own_first: bool = False) -> RailPlan:
@@ -519,12 +559,23 @@ def _spine_slowdown(fabric: Topology, rank: int, rail: Hop,
     crossing = [sum(across > 0 for across, _, _ in m) for m in moves]
     if not any(crossing):
         return 1.0
-    leaf = _ports(fabric, rank)
-    assert leaf is not None  # ``rail_layout`` has checked
-    up = sum(fabric.links[k].bandwidth for k in fabric.out_links(leaf[1])
-             if fabric.usable(k) and not fabric.is_npu(fabric.links[k].dst))
-    lanes = max(1, int(up * rail.beta * (1 + 1e-9)))
+    lanes = _uplink_lanes(fabric, _leaf(fabric, rank), rail)
     return sum(max(1.0, c / lanes) for c in crossing) / len(moves)
+
+
+def _leaf(fabric: Topology, rank: int) -> int:
+    """The rail switch (leaf) of ``rank``'s NIC."""
+    ports = _ports(fabric, rank)
+    assert ports is not None  # ``rail_layout`` has checked
+    return ports[1]
+
+
+def _uplink_lanes(fabric: Topology, leaf: int, rail: Hop) -> int:
+    """How many sends at the rail's pace ``leaf``'s uplinks carry at once (its lanes in
+    ``choreo.resources``)."""
+    up = sum(fabric.links[k].bandwidth for k in fabric.out_links(leaf)
+             if fabric.usable(k) and not fabric.is_npu(fabric.links[k].dst))
+    return max(1, int(up * rail.beta * (1 + 1e-9)))
 
 
 def rail_gather(fabric: Topology, demands: Sequence[Demand],

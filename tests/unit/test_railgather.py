@@ -352,3 +352,24 @@ def test_where_a_blocks_hosts_cross_together_the_estimate_counts_the_wait_for_th
     chosen = synthesize(fabric, [demand], SynthOptions(relay=False))
     assert chosen.engine != railgather.ENGINE
     assert simulate(chosen).makespan < simulated
+
+
+def test_tenants_that_share_an_uplinks_lanes_cross_at_different_times() -> None:
+    """Four tenants of two nodes a block on dgx-h100-spine-2x8: the uplink's four lanes
+    take two tenants' crossings at once where their GPUs' lanes differ, the other two
+    cross in the other rounds; plain alternation would have tenants 0 and 2 (GPUs on the
+    same lanes) cross together."""
+    fabric = build("dgx-h100-spine-2x8")
+    demands = [Demand(Collective.ALLGATHER, tuple(
+        g for b in range(2) for i in range(2)
+        for g in range(8 * (8 * b + 2 * t + i), 8 * (8 * b + 2 * t + i) + 8)), GIB, 1,
+        name=f"t{t}") for t in range(4)]
+    turns = railgather._turns(fabric, demands)
+    assert turns.count(True) == 2 and turns[0] != turns[2] and turns[1] != turns[3]
+    chosen = synthesize(fabric, demands, SynthOptions(relay=False))
+    assert chosen.engine == railgather.ENGINE
+    alternating = [railgather._shape(fabric, t, d, own_first=t % 2 == 1)
+                   for t, d in enumerate(demands)]
+    assert simulate(chosen).makespan < simulate(
+        rail_gather(fabric, demands, alternating)).makespan
+    assert verify(chosen).ok
