@@ -11,11 +11,11 @@ link, which is then its own resource).
   physical link, so concurrent shares of one port never exceed the port.
 * Otherwise the link is a *circuit*: a transfer on it occupies every physical link on its
   path for its whole duration (cut-through). A link between two switches at least twice
-  as fast as every circuit on it (a spine uplink that several NICs feed) and that no share
-  rides has that many *lanes*, as a switch port multiplexes flows: each circuit holds one lane
-  exclusively, the one of its end on that side (its source on the first half of its path,
-  its destination on the second), so concurrent circuits never exceed the link's bandwidth.
-  Every other link is one lane.
+  as fast as every circuit on it (a spine uplink that several NICs feed), and that no share
+  rides, has that many *lanes*, as a switch port multiplexes flows: each circuit holds one
+  lane exclusively, the one of its end on that side (its source on the first half of its
+  path, its destination on the second), so concurrent circuits never exceed the link's
+  bandwidth. Every other link is one lane.
 """
 
 from __future__ import annotations
@@ -128,9 +128,9 @@ def circuit_lanes(ptr: np.ndarray, phys: np.ndarray, circuit: np.ndarray, bandwi
     """Per CSR entry (row ``k`` rides ``phys[ptr[k]:ptr[k + 1]]``), the lane it holds and
     its link's lanes: a fabric link between two switches has ``floor(bandwidth / fastest
     circuit on it)`` lanes where no share (a row not ``circuit``) rides it; every other
-    link has one. A circuit takes
-    the lane of its source's place among the link's sources (first half of its path) or of
-    its destination's among the destinations (second half), round robin."""
+    link has one. A circuit takes the lane of its source's place among the link's sources
+    (first half of its path) or of its destination's among the destinations (second
+    half), round robin."""
     per_row = np.diff(ptr)
     row = np.repeat(np.arange(len(per_row)), per_row)
     lane = np.zeros(len(phys), dtype=np.int64)
