@@ -465,6 +465,7 @@ class RailPlan:
     estimate: float
     blocks: int = 1  # ``rail_layout``'s
     moves: tuple[tuple[Move, ...], ...] = ()  # ``rail_moves``'
+    queued: float = 1.0  # ``_spine_slowdown``: above 1, crossings wait for uplink lanes
 
 
 def plans(fabric: Topology, demands: Sequence[Demand]) -> list[RailPlan]:
@@ -546,9 +547,9 @@ def _shape(fabric: Topology, t: int, d: Demand, own_first: bool = False) -> Rail
         reduced = d.collective is Collective.REDUCESCATTER
         best = [(reduced, search(mates, nh, shard, host, rail, reduced, relayed=relayed))]
     moves = tuple(rail_moves(blocks, nh // blocks, own_first))
+    queued = _spine_slowdown(fabric, d.ranks[hosts[0][0]], rail, moves)
     return RailPlan(hosts, host, rail, [(reduced, found[1]) for reduced, found in best],
-                    sum(found[0] for _, found in best) * _spine_slowdown(
-                        fabric, d.ranks[hosts[0][0]], rail, moves), blocks, moves)
+                    sum(found[0] for _, found in best) * queued, blocks, moves, queued)
 
 
 def _spine_slowdown(fabric: Topology, rank: int, rail: Hop,

@@ -210,11 +210,13 @@ def synthesize(
     check_fits(demands)
     found = [rail_layout(fabric, d) for d in demands] if opts.rail_gather else [None]
     railed = all(f is not None for f in found)
-    # Under a spine the plan can lose to greedy (a block's few hosts crossing it together:
-    # 4.60 against 3.13 ms on dgx-h100-spine-32x2), so there both are always tried.
-    if railed and any(d.n > opts.large_tenant for d in demands) and all(
-            f is not None and f[1] == 1 for f in found):
-        return rail_gather(fabric, demands)
+    if railed and any(d.n > opts.large_tenant for d in demands):
+        # Under a spine the plan loses to greedy where a block's hosts cross together
+        # faster than its uplink's lanes take them (4.60 against 3.13 ms on
+        # dgx-h100-spine-32x2); there greedy is tried beside it.
+        shaped = plans(fabric, demands)
+        if all(p.queued == 1.0 for p in shaped):
+            return rail_gather(fabric, demands, shaped)
     check_alltoall_work(demands)
     views = logical_views(fabric, demands, opts)
     # The engine releases the GIL, so the unwinding candidates run side by side, as many
