@@ -373,3 +373,18 @@ def test_tenants_that_share_an_uplinks_lanes_cross_at_different_times() -> None:
     assert simulate(chosen).makespan < simulate(
         rail_gather(fabric, demands, alternating)).makespan
     assert verify(chosen).ok
+
+
+@pytest.mark.parametrize(("fabric_name", "alone"), [("dgx-h100-spine-2x4", True),
+                                                    ("dgx-h100-spine-4x2", False)])
+def test_large_gathers_under_a_spine_get_the_plan_alone_where_no_crossing_waits(
+        fabric_name: str, alone: bool) -> None:
+    """Above ``large_tenant`` ranks the plan runs alone where its crossings fit the
+    uplinks' lanes (half of 4 hosts a block on two lanes); where a block's 2 hosts cross
+    on one lane, greedy is tried beside it and wins."""
+    fabric = build(fabric_name)
+    demand = Demand(Collective.ALLGATHER, tuple(fabric.npus), GIB, 1)
+    assert (railgather.plans(fabric, [demand])[0].queued == 1.0) is alone
+    s = synthesize(fabric, [demand], SynthOptions(relay=False, large_tenant=8))
+    assert (s.engine == railgather.ENGINE) is alone
+    assert verify(s).ok
