@@ -572,10 +572,10 @@ def _leaf(fabric: Topology, rank: int) -> int:
 
 
 def _uplink_lanes(fabric: Topology, leaf: int, rail: Hop) -> int:
-    """How many sends at the rail's pace ``leaf``'s uplinks carry at once (its lanes in
-    ``choreo.resources``)."""
-    up = sum(fabric.links[k].bandwidth for k in fabric.out_links(leaf)
-             if fabric.usable(k) and not fabric.is_npu(fabric.links[k].dst))
+    """How many sends at the rail's pace ``leaf``'s uplink carries at once (its lanes in
+    ``choreo.resources``; the fastest uplink where it has several, as one route takes one)."""
+    up = max((fabric.links[k].bandwidth for k in fabric.out_links(leaf)
+              if fabric.usable(k) and not fabric.is_npu(fabric.links[k].dst)), default=0.0)
     return max(1, int(up * rail.beta * (1 + 1e-9)))
 
 
