@@ -472,21 +472,32 @@ def plans(fabric: Topology, demands: Sequence[Demand]) -> list[RailPlan]:
     """Every demand's shapes: the estimate ``synthesize`` compares before laying the plan
     out (the slowest demand's; sharing links can only add to it), and what it lays out.
     Demands under a spine take turns on it (``_turns``)."""
-    return [_shape(fabric, t, d, own_first) for t, (d, own_first)
-            in enumerate(zip(demands, _turns(fabric, demands), strict=True))]
+    found = []
+    for t, d in enumerate(demands):
+        layout_ = rail_layout(fabric, d)
+        if layout_ is None:
+            raise InputError(f"tenants[{t}]: the rail plan needs an AllGather, ReduceScatter "
+                             "or AllReduce over several hosts alike, every rank on a rail")
+        found.append(layout_)
+    costs = [hops(fabric, d.ranks) for d in demands]
+    rounds = _turns(fabric, demands, found, [rail for _, rail in costs])
+    return [_shape(fabric, d, hosts, blocks, host, rail, moves) for d, (hosts, blocks),
+            (host, rail), moves in zip(demands, found, costs, rounds, strict=True)]
 
 
-def _turns(fabric: Topology, demands: Sequence[Demand]) -> list[bool]:
-    """Per demand, whether its rail rounds start the other way (``rail_moves``'
-    ``own_first``): under a spine, each demand in turn takes the way whose crossings meet
-    the fewest of the demands' before it on one lane of an uplink, every other one where
-    both meet as many. A GPU's lane is its place among its leaf's GPUs that cross, round
-    robin, as ``choreo.resources`` assigns them; slot 0's GPU stands for its host."""
-    found = [rail_layout(fabric, d) for d in demands]
+def _turns(fabric: Topology, demands: Sequence[Demand],
+           found: Sequence[tuple[list[list[int]], int]], rails: Sequence[Hop]
+           ) -> list[tuple[tuple[Move, ...], ...]]:
+    """Per demand (``rail_layout``'s hosts and blocks, its rail cost), its rail rounds
+    (``rail_moves``): under a spine, each demand in turn starts the way (``own_first``)
+    whose crossings meet the fewest of the demands' before it on one lane of an uplink,
+    every other one where both meet as many. A GPU's lane is its place among its leaf's
+    GPUs that cross, round robin, as ``choreo.resources`` assigns them; slot 0's GPU stands
+    for its host."""
     leaf: dict[int, int] = {}
-    for d, f in zip(demands, found, strict=True):
-        if f is not None and f[1] > 1:
-            for first, *_ in f[0]:
+    for d, (hosts, blocks) in zip(demands, found, strict=True):
+        if blocks > 1:
+            for first, *_ in hosts:
                 leaf[d.ranks[first]] = _leaf(fabric, d.ranks[first])
     place: dict[int, int] = {}
     seen: collections.Counter[int] = collections.Counter()
@@ -494,38 +505,34 @@ def _turns(fabric: Topology, demands: Sequence[Demand]) -> list[bool]:
         place[v] = seen[leaf[v]]
         seen[leaf[v]] += 1
     busy: collections.Counter[tuple[int, int, int]] = collections.Counter()
-    turns: list[bool] = []
-    for d, f in zip(demands, found, strict=True):
-        if f is None or f[1] == 1:
-            turns.append(False)
-            continue
-        hosts, blocks = f
+    chosen: list[tuple[tuple[Move, ...], ...]] = []
+    spined = 0  # demands under a spine so far
+    for d, (hosts, blocks), rail in zip(demands, found, rails, strict=True):
         per = len(hosts) // blocks
-        lanes = _uplink_lanes(fabric, leaf[d.ranks[hosts[0][0]]], hops(fabric, d.ranks)[1])
+        if blocks == 1:
+            chosen.append(tuple(rail_moves(1, per)))
+            continue
+        lanes = _uplink_lanes(fabric, leaf[d.ranks[hosts[0][0]]], rail)
+        ways = [tuple(rail_moves(blocks, per, own_first)) for own_first in (False, True)]
         uses = []
-        for own_first in (False, True):
+        for moves in ways:
             use: collections.Counter[tuple[int, int, int]] = collections.Counter()
-            for k, moves in enumerate(rail_moves(blocks, per, own_first)):
+            for k, round_moves in enumerate(moves):
                 for h, members in enumerate(hosts):
                     v = d.ranks[members[0]]
-                    if moves[h % per][0]:
+                    if round_moves[h % per][0]:
                         use[(leaf[v], k, place[v] % lanes)] += 1
             uses.append(use)
         clashes = [sum(max(0, busy[key] + n - 1) for key, n in use.items()) for use in uses]
-        default = sum(1 for g in found[:len(turns)] if g is not None and g[1] > 1) % 2 == 1
-        own_first = clashes[1] < clashes[0] or (clashes[1] == clashes[0] and default)
-        busy.update(uses[own_first])
-        turns.append(own_first)
-    return turns
+        way = int(clashes[1] < clashes[0] or (clashes[1] == clashes[0] and spined % 2 == 1))
+        busy.update(uses[way])
+        chosen.append(ways[way])
+        spined += 1
+    return chosen
 
 
-def _shape(fabric: Topology, t: int, d: Demand, own_first: bool = False) -> RailPlan:
-    found = rail_layout(fabric, d)
-    if found is None:
-        raise InputError(f"tenants[{t}]: the rail plan needs an AllGather, ReduceScatter or "
-                         "AllReduce over several hosts alike, every rank on a rail")
-    hosts, blocks = found
-    host, rail = hops(fabric, d.ranks)
+def _shape(fabric: Topology, d: Demand, hosts: list[list[int]], blocks: int, host: Hop,
+           rail: Hop, moves: tuple[tuple[Move, ...], ...]) -> RailPlan:
     mates, nh, shard = len(hosts[0]), len(hosts), d.size / d.n
     relayed = blocks == 1
     if d.collective is Collective.ALLREDUCE:  # its ReduceScatter, then its AllGather
@@ -546,7 +553,6 @@ def _shape(fabric: Topology, t: int, d: Demand, own_first: bool = False) -> Rail
     else:
         reduced = d.collective is Collective.REDUCESCATTER
         best = [(reduced, search(mates, nh, shard, host, rail, reduced, relayed=relayed))]
-    moves = tuple(rail_moves(blocks, nh // blocks, own_first))
     queued = _spine_slowdown(fabric, d.ranks[hosts[0][0]], rail, moves)
     return RailPlan(hosts, host, rail, [(reduced, found[1]) for reduced, found in best],
                     sum(found[0] for _, found in best) * queued, blocks, moves, queued)

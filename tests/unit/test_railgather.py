@@ -4,6 +4,7 @@ the bound."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -322,10 +323,7 @@ def test_tenants_under_a_spine_take_turns_on_it_and_beat_the_greedy_engine(
     if tenants == 2:  # two nodes of each in every block, too few to halve: they take turns
         assert [p.moves[0][0] for p in railgather.plans(fabric, demands)] == [
             (1, 0, 0), (0, 1, 0)]
-    greedy = synth._synthesize_on(fabric, synth.logical_views(
-        fabric, tuple(demands), SynthOptions(relay=False))[0], tuple(demands),
-        SynthOptions(relay=False))
-    assert greedy is not None
+    greedy = synthesize(fabric, demands, SynthOptions(relay=False, rail_gather=False))
     assert simulate(chosen).makespan < simulate(greedy).makespan
     assert verify(chosen).ok
 
@@ -364,12 +362,14 @@ def test_tenants_that_share_an_uplinks_lanes_cross_at_different_times() -> None:
         g for b in range(2) for i in range(2)
         for g in range(8 * (8 * b + 2 * t + i), 8 * (8 * b + 2 * t + i) + 8)), GIB, 1,
         name=f"t{t}") for t in range(4)]
-    turns = railgather._turns(fabric, demands)
-    assert turns.count(True) == 2 and turns[0] != turns[2] and turns[1] != turns[3]
+    shaped = railgather.plans(fabric, demands)
+    own_first = [p.moves[0][0][0] == 0 for p in shaped]  # place 0 starts within its block
+    assert own_first.count(True) == 2
+    assert own_first[0] != own_first[2] and own_first[1] != own_first[3]
     chosen = synthesize(fabric, demands, SynthOptions(relay=False))
     assert chosen.engine == railgather.ENGINE
-    alternating = [railgather._shape(fabric, t, d, own_first=t % 2 == 1)
-                   for t, d in enumerate(demands)]
+    alternating = [replace(p, moves=tuple(railgather.rail_moves(2, 2, t % 2 == 1)))
+                   for t, p in enumerate(shaped)]
     assert simulate(chosen).makespan < simulate(
         rail_gather(fabric, demands, alternating)).makespan
     assert verify(chosen).ok
