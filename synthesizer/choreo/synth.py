@@ -78,6 +78,11 @@ BLOCK_MARGIN = 1.1
 # plan's: where its levels overlap little its estimate can fall under its simulated time by
 # up to 1% (dgx-h100-35, 1 GiB: 6.094 ms estimated, 6.105 ms simulated).
 BLOCK_ALLREDUCE_EDGE = 0.98
+# ... and laid out beside it, the faster kept, where its estimate is at most this far above:
+# where its levels overlap, its estimate lies 11-14% above its simulated time
+# (dgx-h100-128, 256 MiB: 1.890 ms estimated, 1.654 ms simulated, the hierarchical plan
+# 1.677 ms; dgx-h100-512, 1 GiB: 7.136 / 6.303 ms, against 6.586 ms).
+BLOCK_ALLREDUCE_TRY = 1.15
 
 
 @dataclass(frozen=True)
@@ -237,14 +242,16 @@ def synthesize(
 def _hierarchical_or_block(fabric: Topology, demands: tuple[Demand, ...],
                            opts: SynthOptions) -> Schedule:
     """Large AllReduce tenants: the hierarchical plan, or the block plan's ReduceScatter then
-    AllGather where every tenant has its layout, its transfers fit in memory, and its
-    estimate beats the hierarchical plan's by ``BLOCK_ALLREDUCE_EDGE``. The block estimate
-    waits for each level to end (near or above its simulated time), the hierarchical one is
-    the simulator's own where hosts are alike, so only one plan is laid out: at thousands
-    of hosts each takes seconds. The block plan wins where the hierarchical plan's rail
-    phase has a wide level (a prime factor such as 11 or 17 of the host count: dgx-h100-34,
-    1 GiB, 6.16 against 6.75 ms) or many levels with too few slices to hide its host phases
-    (16,384 GPUs, 1 GiB: 7.29 against 10.96 ms)."""
+    AllGather where every tenant has its layout and its transfers fit in memory. The block
+    estimate waits for each level to end (near or above its simulated time), the
+    hierarchical one is the simulator's own where hosts are alike. So the block plan alone
+    is laid out where its estimate beats the hierarchical plan's by
+    ``BLOCK_ALLREDUCE_EDGE``, both where it is within ``BLOCK_ALLREDUCE_TRY`` above (the
+    faster kept), and the hierarchical plan alone elsewhere: at thousands of hosts each
+    takes seconds. The block plan wins where the hierarchical plan's rail phase has a wide
+    level (a prime factor such as 11 or 17 of the host count: dgx-h100-34, 1 GiB, 6.16
+    against 6.75 ms) or many levels with too few slices to hide its host phases (16,384
+    GPUs, 1 GiB: 7.29 against 10.96 ms; 4,096 GPUs: 6.30 against 6.59 ms)."""
     planned = shaped(fabric, demands, opts.relay)
     layouts = _block_layouts(fabric, demands) if opts.rail_gather else None
     if layouts is not None:
@@ -253,9 +260,14 @@ def _hierarchical_or_block(fabric: Topology, demands: tuple[Demand, ...],
         costs = [hops(fabric, d.ranks) for d in demands]
         block_s = max(block_estimate(fabric, d, hosts, c)
                       for d, hosts, c in zip(demands, layouts, costs, strict=True))
-        if (block_s < BLOCK_ALLREDUCE_EDGE * max(p.estimate for p in planned)
+        hier_s = max(p.estimate for p in planned)
+        if (block_s < BLOCK_ALLREDUCE_TRY * hier_s
                 and need * BYTES_PER_TRANSFER <= _available_memory()):
-            return block_gather(fabric, demands, layouts, costs)
+            block = block_gather(fabric, demands, layouts, costs)  # simulated already
+            if block_s < BLOCK_ALLREDUCE_EDGE * hier_s:
+                return block
+            hier = hierarchical(fabric, demands, opts.relay, planned)
+            return block if block.makespan < hier.makespan else hier
     return hierarchical(fabric, demands, opts.relay, planned)
 
 

@@ -310,9 +310,9 @@ def test_an_allreduce_is_its_reduce_scatter_then_its_all_gather() -> None:
 
 def test_large_allreduce_takes_the_plan_with_the_lower_estimate() -> None:
     """Above ``large_tenant`` ranks an AllReduce gets the hierarchical plan or the block
-    plan, whichever is estimated faster (the block estimate lies above its simulated time,
-    the hierarchical one is the simulator's where hosts are alike): on dgx-h100-8 with the
-    threshold lowered the hierarchical plan wins, as it does at 1,024 GPUs."""
+    plan (the block estimate lies above its simulated time, the hierarchical one is the
+    simulator's where hosts are alike): on dgx-h100-8 with the threshold lowered the block
+    estimate is above the hierarchical one, and the hierarchical plan is what runs."""
     fabric, demand = _all("dgx-h100-8", Collective.ALLREDUCE)
     opts = SynthOptions(relay=False, large_tenant=16)
     planned = shaped(fabric, [demand])[0]
@@ -321,6 +321,31 @@ def test_large_allreduce_takes_the_plan_with_the_lower_estimate() -> None:
     assert estimate(fabric, demand, hosts) > planned.estimate
     s = synthesize(fabric, [demand], opts)
     assert s.engine == "rail-hierarchical" and s.makespan == pytest.approx(planned.estimate)
+
+
+def test_a_block_allreduce_estimated_a_little_slower_is_laid_out_and_kept_if_faster() -> None:
+    """dgx-h100-40 (320 GPUs): the block plan's estimate lies above the hierarchical plan's
+    but within ``BLOCK_ALLREDUCE_TRY`` at both sizes, so both are laid out. At 256 MiB its
+    levels overlap and it simulates faster (1.606 against 1.657 ms): it is kept, verified
+    and lowerable. At 1 GiB the hierarchical plan is faster and is kept."""
+    fabric = build("dgx-h100-40")
+    for size, winner in ((256 << 20, blockgather.ENGINE), (1 << 30, "rail-hierarchical")):
+        demand = Demand(Collective.ALLREDUCE, tuple(fabric.npus), size,
+                        synth.auto_chunks(fabric, Collective.ALLREDUCE, size,
+                                          len(fabric.npus)))
+        hosts = block_layout(fabric, demand)
+        assert hosts is not None
+        planned = shaped(fabric, [demand])[0]
+        block_s = estimate(fabric, demand, hosts)
+        assert (synth.BLOCK_ALLREDUCE_EDGE * planned.estimate < block_s
+                < synth.BLOCK_ALLREDUCE_TRY * planned.estimate)
+        block = block_gather(fabric, [demand], [hosts])
+        s = synthesize(fabric, [demand], SynthOptions(relay=False))
+        assert s.engine == winner
+        assert s.makespan == pytest.approx(min(block.makespan, planned.estimate))
+        assert verify(s).ok
+    assert s.engine == "rail-hierarchical" and block.makespan > s.makespan
+    assert lowerable(block) == ""
 
 
 def test_a_wide_rail_level_takes_the_block_allreduce() -> None:
