@@ -79,7 +79,7 @@ BLOCK_MARGIN = 1.1
 # up to 1% (dgx-h100-35, 1 GiB: 6.094 ms estimated, 6.105 ms simulated).
 BLOCK_ALLREDUCE_EDGE = 0.98
 # ... and laid out beside it, the faster kept, where its estimate is at most this far above:
-# where its levels overlap, its estimate lies 11-14% above its simulated time
+# where its levels overlap, its estimate lies 11-17% above its simulated time
 # (dgx-h100-128, 256 MiB: 1.890 ms estimated, 1.654 ms simulated, the hierarchical plan
 # 1.677 ms; dgx-h100-512, 1 GiB: 7.136 / 6.303 ms, against 6.586 ms).
 BLOCK_ALLREDUCE_TRY = 1.15
