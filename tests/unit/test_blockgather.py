@@ -326,8 +326,8 @@ def test_large_allreduce_takes_the_plan_with_the_lower_estimate() -> None:
 def test_a_block_allreduce_estimated_a_little_slower_is_laid_out_and_kept_if_faster() -> None:
     """dgx-h100-40 (320 GPUs): the block plan's estimate lies above the hierarchical plan's
     but within ``BLOCK_ALLREDUCE_TRY`` at both sizes, so both are laid out. At 256 MiB its
-    levels overlap and it simulates faster (1.606 against 1.657 ms): it is kept, verified
-    and lowerable. At 1 GiB the hierarchical plan is faster and is kept."""
+    levels overlap and it simulates faster (1.606 against 1.657 ms): it is kept. At 1 GiB
+    the hierarchical plan is faster and is kept. Either verifies and lowers."""
     fabric = build("dgx-h100-40")
     for size, winner in ((256 << 20, blockgather.ENGINE), (1 << 30, "rail-hierarchical")):
         demand = Demand(Collective.ALLREDUCE, tuple(fabric.npus), size,
@@ -343,9 +343,7 @@ def test_a_block_allreduce_estimated_a_little_slower_is_laid_out_and_kept_if_fas
         s = synthesize(fabric, [demand], SynthOptions(relay=False))
         assert s.engine == winner
         assert s.makespan == pytest.approx(min(block.makespan, planned.estimate))
-        assert verify(s).ok
-    assert s.engine == "rail-hierarchical" and block.makespan > s.makespan
-    assert lowerable(block) == ""
+        assert verify(s).ok and lowerable(s) == ""
 
 
 def test_a_wide_rail_level_takes_the_block_allreduce() -> None:
