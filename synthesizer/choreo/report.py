@@ -13,13 +13,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from choreo.baselines import (
     BaselinePaths,
     BaselineUnavailable,
     baseline_makespan,
     baselines_for,
 )
-from choreo.bounds import lower_bound
+from choreo.bounds import Bound, lower_bound
 from choreo.nccl.compare import versus_nccl
 from choreo.schedule import Schedule
 from choreo.simulate import SimResult, simulate
@@ -36,7 +38,8 @@ def textbook_label(name: str) -> str:
 
 @dataclass
 class TenantResult:
-    """One tenant's collective as simulated, against its bound and the baselines (alone)."""
+    """One tenant's collective as simulated, against its bound (``tenant_bounds``) and the
+    baselines (alone)."""
 
     name: str
     collective: str
@@ -95,6 +98,22 @@ class Evaluation:
         }
 
 
+def tenant_bounds(schedule: Schedule, times: np.ndarray) -> list[Bound]:
+    """Per tenant, a time its collective cannot beat: its own bound, and for the tenant
+    that ends last the larger of that and the joint bound of every tenant. The joint bound
+    holds for the last end only: a tenant that goes first may well beat it (two tenants
+    crossing one NIC-wide spine uplink: 2.838 ms for the first, against 2.918 ms for
+    both)."""
+    demands, whole = schedule.demands, not schedule.ranged
+    alone = [lower_bound(schedule.fabric, d, whole_chunks=whole) for d in demands]
+    if len(demands) < 2:
+        return alone
+    joint = lower_bound(schedule.fabric, demands[0], demands[1:], whole_chunks=whole)
+    last = int(np.argmax(times))
+    alone[last] = max(alone[last], joint, key=lambda b: b.value_s)
+    return alone
+
+
 def evaluate(
     schedule: Schedule,
     baselines: bool = True,
@@ -107,10 +126,10 @@ def evaluate(
     say("simulating")
     sim = simulate(schedule)
     fabric = schedule.fabric
+    bounds = tenant_bounds(schedule, sim.tenant_time)
     results = []
     for t, d in enumerate(schedule.demands):
-        others = [o for i, o in enumerate(schedule.demands) if i != t]
-        bound = lower_bound(fabric, d, others, whole_chunks=not schedule.ranged)
+        bound = bounds[t]
         times: dict[str, float] = {}
         choice = ""
         if baselines:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from choreo.bounds import lower_bound
@@ -17,6 +17,7 @@ from choreo.msccl.api import to_xml
 from choreo.msccl.split import MAX_CONFIGMAP_BYTES, split_per_node
 from choreo.msccl.validate import validate
 from choreo.railgather import layout, rail_gather
+from choreo.report import tenant_bounds
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, synthesize
 from choreo.transforms import fail_npus
@@ -58,11 +59,14 @@ def test_gathers_on_rails(preset: str, hosts: int, slots: int, lost: bool,
 @given(blocks=st.integers(2, 4), per_block=st.sampled_from([2, 4]), tenants=st.integers(1, 2),
        slots=st.integers(2, 8), size_mib=st.sampled_from([16, 1024]),
        seed=st.integers(0, 2**16))
+# The first tenant across a NIC-wide uplink ends before the joint bound: 2.838 < 2.918 ms.
+@example(blocks=2, per_block=2, tenants=2, slots=8, size_mib=1024, seed=0)
 def test_gathers_under_a_spine(blocks: int, per_block: int, tenants: int, slots: int,
                                size_mib: int, seed: int) -> None:
     """Tenants with as many nodes in every block of a 2:1 spine, on some slots: every
-    tenant's AllGather verifies, is never faster than its bound nor slower than the rail
-    plan, and its program fits one ConfigMap per node and passes the validator."""
+    tenant's AllGather verifies, is never faster than its bound (its own; the last end, than
+    the tenants' joint bound) nor slower than the rail plan, and its program fits one
+    ConfigMap per node and passes the validator."""
     rnd = random.Random(seed)
     fabric = build(f"dgx-h100-spine-{blocks}x{per_block}")
     chosen = set(rnd.sample(range(8), slots))
@@ -74,10 +78,16 @@ def test_gathers_under_a_spine(blocks: int, per_block: int, tenants: int, slots:
     verdict = verify(s)
     assert verdict.ok, verdict.summary()
     sim = simulate(s)
+    # Each tenant's own bound holds for it; the tenants' joint bound only for the last end
+    # (a tenant that crosses the spine first may beat it).
     for t, d in enumerate(demands):
-        others = [x for x in demands if x is not d]
-        bound = lower_bound(fabric, d, others, whole_chunks=not s.ranged).value_s
-        assert bound <= sim.tenant_time[t] * (1 + 1e-9)
+        alone = lower_bound(fabric, d, whole_chunks=not s.ranged).value_s
+        assert alone <= sim.tenant_time[t] * (1 + 1e-9)
+    joint = lower_bound(fabric, demands[0], demands[1:], whole_chunks=not s.ranged).value_s
+    assert joint <= sim.makespan * (1 + 1e-9)
+    assert all(b.value_s <= time * (1 + 1e-9)
+               for b, time in zip(tenant_bounds(s, sim.tenant_time), sim.tenant_time,
+                                  strict=True))
     if all(layout(fabric, d) is not None for d in demands):
         assert sim.makespan <= simulate(rail_gather(fabric, demands)).makespan * (1 + 1e-9)
     for t, d in enumerate(s.demands):
