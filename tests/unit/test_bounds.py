@@ -11,6 +11,7 @@ from choreo.bounds import chunk_needs, crossing_bytes, lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
 from choreo.portfolio import solve
+from choreo.report import evaluate
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, synthesize
 from choreo.topology import Link, NodeKind, Topology, duplex
@@ -294,3 +295,24 @@ def test_tenants_meeting_on_a_spine_share_its_uplinks() -> None:
     # alone, a tenant is bound by its hosts' NICs, not the spine
     alone = lower_bound(fabric, tenants[0])
     assert alone.value_s <= bound.value_s / 2 + 1e-12 and "block" not in alone.reason
+
+
+def test_a_tenant_that_ends_first_is_held_to_its_own_bound() -> None:
+    """Two tenants, one node in each block of dgx-h100-spine-2x2, whose uplinks are one NIC
+    wide: the tenants' joint bound is both their shards through it, which the tenant that
+    crosses first beats. Each tenant is reported against its own bound; the one that ends
+    last against the joint bound, which its end cannot beat."""
+    fabric = build("dgx-h100-spine-2x2")
+    demands = [Demand(Collective.ALLGATHER, tuple((b * 2 + t) * 8 + u for b in range(2)
+                                                  for u in range(8)), 1 << 30, 1, name=f"t{t}")
+               for t in range(2)]
+    s = synthesize(fabric, demands, SynthOptions(relay=False))
+    ev = evaluate(s, baselines=False)
+    first, last = sorted(ev.tenants, key=lambda r: r.time)
+    joint = lower_bound(fabric, demands[0], demands[1:], whole_chunks=not s.ranged).value_s
+    assert first.time < joint <= last.time
+    alone = {d.name: lower_bound(fabric, d, whole_chunks=not s.ranged).value_s
+             for d in demands}
+    assert first.bound == pytest.approx(alone[first.name])
+    assert last.bound == pytest.approx(max(joint, alone[last.name]))
+    assert all(0 < r.fraction_of_bound <= 1 for r in ev.tenants)
