@@ -124,9 +124,9 @@ def _grouped(row: np.ndarray, slot: np.ndarray, keep: np.ndarray,
 def _slots(model: LinkModel, nl: int, nf: int) -> Slots:
     """Per model row: slots to wait for and slots to advance.
 
-    Slot ``l`` is logical link l, ``nl + p`` the exclusive (circuit) use of fabric link p
-    (its lane 0; lane ``i > 0`` of a link with several is ``nl + (i + 1) * nf + p``) and
-    ``nl + nf + p`` the latest end of any fractional share on p. A fractional share waits for
+    Slot ``l`` is logical link l, ``nl + model.resource(nf)`` the exclusive (circuit) use
+    of a lane of a fabric link (``nl + p`` for lane 0 of link p) and ``nl + lanes * nf + p``
+    the latest end of any fractional share on p. A fractional share waits for
     its own link and the circuits on its physical links and advances its share slots; a
     circuit waits for and advances its physical links, and waits for their shares too; a
     link on no physical link is its own slot. Slots nobody advances are not waited for and
@@ -138,14 +138,13 @@ def _slots(model: LinkModel, nl: int, nf: int) -> Slots:
     per_row = np.diff(model.ptr)
     own = np.flatnonzero(frac | (per_row == 0))  # rows whose own link is a slot
     phys_row = np.repeat(np.arange(k, dtype=np.int64), per_row)
-    p = model.phys.astype(np.int64)
-    held = nl + np.where(model.lane > 0, (model.lane + 1) * nf + p, p)  # a circuit's lane
+    held = nl + model.resource(nf).astype(np.int64)  # a circuit's lane of each link
+    shares = nl + model.lanes * nf + model.phys.astype(np.int64)
     on_circuit = ~frac[phys_row]
     wait_row = np.concatenate([own, phys_row, phys_row[on_circuit]])
-    wait_slot = np.concatenate([model.links[own], held, nl + nf + p[on_circuit]])
+    wait_slot = np.concatenate([model.links[own], held, shares[on_circuit]])
     update_row = np.concatenate([own, phys_row[~on_circuit], phys_row[on_circuit]])
-    update_slot = np.concatenate([model.links[own], nl + nf + p[~on_circuit],
-                                  held[on_circuit]])
+    update_slot = np.concatenate([model.links[own], shares[~on_circuit], held[on_circuit]])
     count = nl + (model.lanes + 1) * nf
     advanced = np.zeros(count, dtype=bool)
     advanced[update_slot] = True
