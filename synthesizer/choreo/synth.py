@@ -78,7 +78,8 @@ BLOCK_MARGIN = 1.1
 # plan's: where its levels overlap little its estimate can fall under its simulated time by
 # up to 1% (dgx-h100-35, 1 GiB: 6.094 ms estimated, 6.105 ms simulated).
 BLOCK_ALLREDUCE_EDGE = 0.98
-# ... and laid out beside it, the faster kept, where its estimate is at most this far above:
+# ... and laid out first where its estimate is at most this far above, the hierarchical plan
+# then only where the block plan simulates slower than that plan's estimate, the faster kept:
 # where its levels overlap, its estimate lies 11-17% above its simulated time
 # (dgx-h100-128, 256 MiB: 1.890 ms estimated, 1.654 ms simulated, the hierarchical plan
 # 1.677 ms; dgx-h100-512, 1 GiB: 7.136 / 6.303 ms, against 6.586 ms).
@@ -246,7 +247,8 @@ def _hierarchical_or_block(fabric: Topology, demands: tuple[Demand, ...],
     estimate waits for each level to end (near or above its simulated time), the
     hierarchical one is the simulator's own where hosts are alike. So the block plan alone
     is laid out where its estimate beats the hierarchical plan's by
-    ``BLOCK_ALLREDUCE_EDGE``, both where it is within ``BLOCK_ALLREDUCE_TRY`` above (the
+    ``BLOCK_ALLREDUCE_EDGE``, first where it is within ``BLOCK_ALLREDUCE_TRY`` above (the
+    hierarchical plan too where the block plan simulates slower than its estimate, the
     faster kept), and the hierarchical plan alone elsewhere: at thousands of hosts each
     takes seconds. The block plan wins where the hierarchical plan's rail phase has a wide
     level (a prime factor such as 11 or 17 of the host count: dgx-h100-34, 1 GiB, 6.16
@@ -264,7 +266,10 @@ def _hierarchical_or_block(fabric: Topology, demands: tuple[Demand, ...],
         if (block_s < BLOCK_ALLREDUCE_TRY * hier_s
                 and need * BYTES_PER_TRANSFER <= _available_memory()):
             block = block_gather(fabric, demands, layouts, costs)  # simulated already
-            if block_s < BLOCK_ALLREDUCE_EDGE * hier_s:
+            # The hierarchical plan can take no less than its estimate (its simulated time
+            # alone here, hosts alike; sharing links only adds): it is laid out only where
+            # the block plan might lose to it.
+            if block_s < BLOCK_ALLREDUCE_EDGE * hier_s or block.makespan < hier_s:
                 return block
             hier = hierarchical(fabric, demands, opts.relay, planned)
             return block if block.makespan < hier.makespan else hier

@@ -325,9 +325,10 @@ def test_large_allreduce_takes_the_plan_with_the_lower_estimate() -> None:
 
 def test_a_block_allreduce_estimated_a_little_slower_is_laid_out_and_kept_if_faster() -> None:
     """dgx-h100-40 (320 GPUs): the block plan's estimate lies above the hierarchical plan's
-    but within ``BLOCK_ALLREDUCE_TRY`` at both sizes, so both are laid out. At 256 MiB its
-    levels overlap and it simulates faster (1.606 against 1.657 ms): it is kept. At 1 GiB
-    the hierarchical plan is faster and is kept. Either verifies and lowers."""
+    but within ``BLOCK_ALLREDUCE_TRY`` at both sizes, so the block plan is laid out. At
+    256 MiB its levels overlap and it simulates faster than the hierarchical estimate (1.606
+    against 1.657 ms): it is kept. At 1 GiB it is slower, the hierarchical plan is laid out
+    too, and kept. Either verifies and lowers."""
     fabric = build("dgx-h100-40")
     for size, winner in ((256 << 20, blockgather.ENGINE), (1 << 30, "rail-hierarchical")):
         demand = Demand(Collective.ALLREDUCE, tuple(fabric.npus), size,
