@@ -41,6 +41,7 @@ from choreo.hierarchy import (
     hierarchical,
     shaped,
 )
+from choreo.planes import plane_gather
 from choreo.railgather import hops, plans, rail_gather, rail_layout
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
@@ -98,6 +99,9 @@ class SynthOptions:
     large_tenant: int = LARGE_TENANT  # ranks above which AllReduce is planned hierarchically
     rail_gather: bool = True  # also try the rail-aligned plan (choreo.railgather)
     tree_packing: bool = True  # also try packed broadcast trees (choreo.treepack)
+    # also try each plane's collective handed over to group mates (choreo.planes); its
+    # transfers move chunk ranges, so only where rail_gather (which moves them too) is on
+    plane_gather: bool = True
 
 
 def auto_chunks(topology: Topology, collective: Collective, size: int, n: int) -> int:
@@ -237,7 +241,19 @@ def synthesize(
     best = min((s for s in results if s is not None), key=lambda s: s.makespan)
     if railed:
         return _against_rail_plan(fabric, demands, best)
-    return _against_trees(fabric, demands, best) if opts.tree_packing else best
+    best = _against_trees(fabric, demands, best) if opts.tree_packing else best
+    return _against_planes(fabric, demands, best) if opts.plane_gather and opts.rail_gather \
+        else best
+
+
+def _against_planes(fabric: Topology, demands: tuple[Demand, ...], best: Schedule
+                    ) -> Schedule:
+    """The faster of ``best`` and the plan composed along the fabric's planes, where that
+    applies (``choreo.planes``), by simulated time."""
+    planned = plane_gather(fabric, demands)
+    if planned is None:
+        return best
+    return planned if planned.makespan < simulate(best).makespan else best
 
 
 def _hierarchical_or_block(fabric: Topology, demands: tuple[Demand, ...],

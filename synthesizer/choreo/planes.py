@@ -1,0 +1,247 @@
+"""AllGather and ReduceScatter composed along planes, on groups of NPUs joined by direct links.
+
+Some fabrics are a product: small *groups* of NPUs joined by their fastest links (an MI250's
+two GCDs of a package, four xGMI links between them), and *planes* that join one NPU of
+every group (the GCDs on one side of each package, a 3-cube of single links). There the
+bound is each group's plane links: every other group's shards must cross into the group
+once, on some plane. The packed trees reach it as a rate (tree packing, MI250: 3.1317 ms for
+1 GiB, the bound to the last digit) but their list-scheduled layout loses 7% to pipeline fill
+and per-send latency across trees four hops deep.
+
+The plan here: every plane runs its own AllGather of its members' shards (the greedy engine,
+on the plane's links alone, where it is exact on a 3-cube), and every NPU hands each chunk
+that reaches it on its plane, and its own shard first, to its group mates, split over the
+parallel links between them. The groups' links carry a group's shards once into every
+mate, so they keep up wherever they are faster than the plane's links into an NPU; only the
+last chunk's hand-over is left when the planes end. ReduceScatter is the same plan on
+reversed links, inverted in time (``railgather.phase``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import numpy as np
+
+from choreo.collectives import Collective, Demand
+from choreo.msccl.lower import lowerable
+from choreo.schedule import Op, Schedule
+from choreo.simulate import simulate
+from choreo.topology import Topology
+
+ENGINE = "plane-gather"
+COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER)
+PLANE_CHUNKS = (12, 24, 36, 48)  # chunks per shard tried; the fastest that lowers is kept
+
+
+class Ask(NamedTuple):
+    """A hand-over between a rank and its mates: by when (the order lanes take them in),
+    from when, the rank and the chunk."""
+
+    by: float
+    ready: float
+    rank: int
+    chunk: int
+
+
+@dataclass(frozen=True)
+class Planes:
+    """A demand's groups (rank indices, in slot order) and, per pair of mates, the fabric
+    links from one to the other (``lanes[(u, v)]``, NPU ids)."""
+
+    groups: list[list[int]]
+    lanes: dict[tuple[int, int], list[int]]
+
+    @property
+    def mates(self) -> int:
+        return len(self.groups[0])
+
+
+def plane_layout(fabric: Topology, demand: Demand) -> Planes | None:
+    """The demand's groups and planes, or None where the plan does not apply: a switchless
+    fabric whose ranks fall into groups of two or more, every pair of a group joined both
+    ways by the ranks' fastest connections (their links' summed bandwidth), every other
+    link of a rank leading to the same slot of another group, each slot's plane connected.
+    Links to NPUs outside the demand are never used (relay off: only a tenant's own NPUs
+    forward its data)."""
+    if demand.collective not in COLLECTIVES or fabric.switches or demand.n < 4:
+        return None
+    index = {npu: i for i, npu in enumerate(demand.ranks)}
+    pair: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for k in fabric.usable_links():
+        lk = fabric.links[k]
+        if lk.src in index and lk.dst in index:
+            pair[(lk.src, lk.dst)].append(k)
+    width = {p: sum(fabric.links[k].bandwidth for k in ks) for p, ks in pair.items()}
+    if not width:
+        return None
+    widest = max(width.values())
+    fat = {p for p, w in width.items() if w == widest}
+    if any((v, u) not in fat for u, v in fat):
+        return None
+    groups = _components(list(demand.ranks), fat)
+    size = len(groups[0])
+    if size < 2 or size == demand.n or any(len(g) != size for g in groups):
+        return None
+    if any((u, v) not in fat for g in groups for u in g for v in g if u != v):
+        return None  # a group's mates must be one hop apart
+    slot = _slots(groups, [p for p in pair if p not in fat])
+    if slot is None:
+        return None
+    ordered = [sorted(g, key=lambda u: slot[u]) for g in groups]
+    if any([slot[u] for u in g] != list(range(size)) for g in ordered):
+        return None
+    lanes = {(u, v): sorted(pair[(u, v)]) for g in ordered for u in g for v in g if u != v}
+    return Planes([[index[u] for u in g] for g in ordered], lanes)
+
+
+def _components(nodes: list[int], edges: set[tuple[int, int]]) -> list[list[int]]:
+    parent = {u: u for u in nodes}
+
+    def find(u: int) -> int:
+        while parent[u] != u:
+            parent[u] = parent[parent[u]]
+            u = parent[u]
+        return u
+
+    for u, v in edges:
+        parent[find(u)] = find(v)
+    out: dict[int, list[int]] = defaultdict(list)
+    for u in nodes:
+        out[find(u)].append(u)
+    return list(out.values())
+
+
+def _slots(groups: list[list[int]], plane_edges: list[tuple[int, int]]) -> dict[int, int] | None:
+    """Each NPU's slot, spread from the first group along the plane links; None where a
+    plane link joins two NPUs of one group or two slots."""
+    group_of = {u: i for i, g in enumerate(groups) for u in g}
+    adjacent: dict[int, list[int]] = defaultdict(list)
+    for u, v in plane_edges:
+        if group_of[u] == group_of[v]:
+            return None
+        adjacent[u].append(v)
+        adjacent[v].append(u)
+    slot = {u: s for s, u in enumerate(groups[0])}
+    todo = list(groups[0])
+    while todo:
+        u = todo.pop()
+        for v in adjacent[u]:
+            if v not in slot:
+                slot[v] = slot[u]
+                todo.append(v)
+            elif slot[v] != slot[u]:
+                return None
+    return slot if len(slot) == sum(len(g) for g in groups) else None
+
+
+def plane_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule | None:
+    """The fastest plane plan of the one demand over ``PLANE_CHUNKS`` that lowers to MSCCL
+    (more chunks are more steps per threadblock), or None where the plan does not apply."""
+    if len(demands) != 1:
+        return None
+    found = plane_layout(fabric, demands[0])
+    if found is None:
+        return None
+    tried = sorted((_planned(fabric, demands[0], found, c) for c in PLANE_CHUNKS),
+                   key=lambda s: s.makespan)
+    return next((s for s in tried if not lowerable(s)), None)
+
+
+def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedule:
+    """The plan with ``c`` chunks per shard; each hand-over takes whichever of the mates'
+    parallel links frees first."""
+    reduced = demand.collective is Collective.REDUCESCATTER
+    shard = demand.size / demand.n
+    lane_link = fabric.links[next(iter(planes.lanes.values()))[0]]
+    hand = lane_link.alpha + shard / c / lane_link.bandwidth
+    rows: list[tuple[float, ...]] = []  # (start, seconds, src, dst rank, chunk, lane)
+    asked: list[Ask] = []
+    for s in range(planes.mates):
+        sends, wanted = _plane(fabric, demand, [g[s] for g in planes.groups], c, reduced)
+        rows.extend((t0, t1 - t0, u, v, gid, 0) for t0, t1, u, v, gid in sends)
+        asked.extend(wanted)
+    group_of = {r: g for g in planes.groups for r in g}
+    free: dict[tuple[int, int], list[float]] = {
+        pair: [0.0] * len(ks) for pair, ks in planes.lanes.items()}
+    late = 0.0  # how much later a ReduceScatter's planes start for its hand-overs to make it
+    hands: list[tuple[float, ...]] = []
+    for by, ready, r, gid in sorted(asked):
+        for w in group_of[r]:
+            if w == r:
+                continue
+            lanes = free[(w, r) if reduced else (r, w)]
+            lane = min(range(len(lanes)), key=lanes.__getitem__)
+            start = max(ready, lanes[lane])
+            lanes[lane] = start + hand
+            late = max(late, start + hand - by)
+            hands.append((start, hand, w, r, gid, lane) if reduced
+                         else (start, hand, r, w, gid, lane))
+    if reduced:
+        rows = [(t0 + late, *rest) for t0, *rest in rows]
+    rows.extend(hands)
+    raw = np.asarray(rows, dtype=np.float64)
+    op = Op.REDUCE if reduced else Op.COPY
+    ranks = np.asarray(demand.ranks)
+    src = ranks[raw[:, 2].astype(np.int64)]
+    dst = ranks[raw[:, 3].astype(np.int64)]
+    link = _pair_links(fabric, src, dst, raw[:, 5].astype(np.int64))
+    step = np.unique(raw[:, 0], return_inverse=True)[1].astype(np.int64)
+    sched = Schedule(fabric, fabric, (replace(demand, chunks=c),),
+                     np.zeros(len(raw), dtype=np.int64), raw[:, 4].astype(np.int64), src, dst,
+                     link, step.astype(float), step + 0.5, np.full(len(raw), int(op)),
+                     engine=ENGINE, meta={"engine": ENGINE, "plane_chunks": c,
+                                          "steps": int(step.max()) + 1})
+    return simulate(sched).retimed(sched)
+
+
+def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced: bool
+           ) -> tuple[list[tuple[float, float, int, int, int]], list[Ask]]:
+    """One plane's collective by the greedy engine on its links alone: its sends as (start,
+    end, src rank, dst rank, chunk of ``c`` per shard), and the hand-overs it asks for. In
+    an AllGather a rank hands each chunk to its mates once it holds it (its own shard at
+    once); in a ReduceScatter its mates hand it their share of each chunk of the plane by
+    the time it sends the chunk on (the planes start later if the mates' links cannot)."""
+    from choreo.synth import SynthOptions, synthesize
+
+    ranks = demand.ranks
+    sub = Demand(demand.collective, tuple(ranks[r] for r in members),
+                 demand.size * len(members) // demand.n, c)
+    plane = synthesize(fabric, [sub], SynthOptions(relay=False, rail_gather=False,
+                                                    tree_packing=False, plane_gather=False))
+    rank_of = {ranks[r]: r for r in members}
+    sends = []
+    ready: dict[tuple[int, int], float] = {}  # AllGather: the chunk reaches the rank
+    by: dict[tuple[int, int], float] = {}  # ReduceScatter: the rank sends the chunk on
+    for ch, u, v, t0, t1 in zip(plane.chunk.tolist(), plane.src.tolist(), plane.dst.tolist(),
+                                plane.start.tolist(), plane.end.tolist(), strict=True):
+        origin, j = divmod(ch, c)
+        gid = members[origin] * c + j
+        u, v = rank_of[u], rank_of[v]
+        sends.append((t0, t1, u, v, gid))
+        ready[(v, gid)] = max(ready.get((v, gid), 0.0), t1)
+        by[(u, gid)] = min(by.get((u, gid), t0), t0)
+    end = float(plane.end.max()) if len(plane) else 0.0
+    if not reduced:
+        ready.update(((r, r * c + j), 0.0) for r in members for j in range(c))
+        return sends, [Ask(t, t, r, gid) for (r, gid), t in ready.items()]
+    return sends, [Ask(by.get((r, gid), end), 0.0, r, gid)
+                   for r in members for gid in (o * c + j for o in members for j in range(c))]
+
+
+def _pair_links(fabric: Topology, src: np.ndarray, dst: np.ndarray, lane: np.ndarray
+                ) -> np.ndarray:
+    """Each send's fabric link: lane ``lane`` of its pair's links."""
+    by_pair: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for k in fabric.usable_links():
+        lk = fabric.links[k]
+        by_pair[(lk.src, lk.dst)].append(k)
+    out = np.empty(len(src), dtype=np.int64)
+    for i, (u, v, ln) in enumerate(zip(src.tolist(), dst.tolist(), lane.tolist(), strict=True)):
+        ks = by_pair[(u, v)]
+        out[i] = ks[ln % len(ks)]
+    return out
+
