@@ -152,34 +152,44 @@ def plane_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule | None
 
 
 def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedule:
-    """The plan with ``c`` chunks per shard; each hand-over takes whichever of the mates'
-    parallel links frees first."""
+    """The plan with ``c`` chunks per shard on the planes. A hand-over takes whichever of
+    the mates' parallel links frees first, but for the chunks that arrive as the planes end
+    in an AllGather (on every plane link at once), or leave as they start in a
+    ReduceScatter, it is cut in one piece per link: nothing overlaps those hand-overs.
+    Cutting them all ends no sooner and takes as many more steps as there are links."""
     reduced = demand.collective is Collective.REDUCESCATTER
     shard = demand.size / demand.n
+    m = min(len(ks) for ks in planes.lanes.values())
     lane_link = fabric.links[next(iter(planes.lanes.values()))[0]]
-    hand = lane_link.alpha + shard / c / lane_link.bandwidth
-    rows: list[tuple[float, ...]] = []  # (start, seconds, src, dst rank, chunk, lane)
+    whole = lane_link.alpha + shard / c / lane_link.bandwidth
+    piece = lane_link.alpha + shard / (c * m) / lane_link.bandwidth
+    rows: list[tuple[float, ...]] = []  # (start, seconds, src, dst rank, chunk, count, lane)
     asked: list[Ask] = []
     for s in range(planes.mates):
         sends, wanted = _plane(fabric, demand, [g[s] for g in planes.groups], c, reduced)
-        rows.extend((t0, t1 - t0, u, v, gid, 0) for t0, t1, u, v, gid in sends)
+        rows.extend((t0, t1 - t0, u, v, gid * m, m, 0) for t0, t1, u, v, gid in sends)
         asked.extend(wanted)
+    end = max((r[0] + r[1] for r in rows), default=0.0)
     group_of = {r: g for g in planes.groups for r in g}
     free: dict[tuple[int, int], list[float]] = {
         pair: [0.0] * len(ks) for pair, ks in planes.lanes.items()}
     late = 0.0  # how much later a ReduceScatter's planes start for its hand-overs to make it
     hands: list[tuple[float, ...]] = []
     for by, ready, r, gid in sorted(asked):
+        cut = by < whole / 2 if reduced else ready > end - whole / 2
         for w in group_of[r]:
             if w == r:
                 continue
             lanes = free[(w, r) if reduced else (r, w)]
-            lane = min(range(len(lanes)), key=lanes.__getitem__)
-            start = max(ready, lanes[lane])
-            lanes[lane] = start + hand
-            late = max(late, start + hand - by)
-            hands.append((start, hand, w, r, gid, lane) if reduced
-                         else (start, hand, r, w, gid, lane))
+            order = sorted(range(len(lanes)), key=lanes.__getitem__)
+            for i, lane in enumerate(order[:m] if cut else order[:1]):
+                start = max(ready, lanes[lane])
+                took = piece if cut else whole
+                lanes[lane] = start + took
+                late = max(late, start + took - by)
+                lo, count = (gid * m + i, 1) if cut else (gid * m, m)
+                hands.append((start, took, w, r, lo, count, lane) if reduced
+                             else (start, took, r, w, lo, count, lane))
     if reduced:
         rows = [(t0 + late, *rest) for t0, *rest in rows]
     rows.extend(hands)
@@ -188,13 +198,14 @@ def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedu
     ranks = np.asarray(demand.ranks)
     src = ranks[raw[:, 2].astype(np.int64)]
     dst = ranks[raw[:, 3].astype(np.int64)]
-    link = _pair_links(fabric, src, dst, raw[:, 5].astype(np.int64))
+    link = _pair_links(fabric, src, dst, raw[:, 6].astype(np.int64))
     step = np.unique(raw[:, 0], return_inverse=True)[1].astype(np.int64)
-    sched = Schedule(fabric, fabric, (replace(demand, chunks=c),),
+    sched = Schedule(fabric, fabric, (replace(demand, chunks=c * m),),
                      np.zeros(len(raw), dtype=np.int64), raw[:, 4].astype(np.int64), src, dst,
                      link, step.astype(float), step + 0.5, np.full(len(raw), int(op)),
                      engine=ENGINE, meta={"engine": ENGINE, "plane_chunks": c,
-                                          "steps": int(step.max()) + 1})
+                                          "steps": int(step.max()) + 1},
+                     count=raw[:, 5].astype(np.int64))
     return simulate(sched).retimed(sched)
 
 
