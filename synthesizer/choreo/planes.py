@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from choreo.collectives import Collective, Demand
+from choreo.errors import InfeasibleError
 from choreo.msccl.lower import lowerable
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
@@ -94,6 +95,11 @@ def plane_layout(fabric: Topology, demand: Demand) -> Planes | None:
     ordered = [sorted(g, key=lambda u: slot[u]) for g in groups]
     if any([slot[u] for u in g] != list(range(size)) for g in ordered):
         return None
+    for s in range(size):  # every plane connected on its own links
+        members = [g[s] for g in ordered]
+        if len(_components(members, {p for p in pair if p not in fat
+                                     and p[0] in members and p[1] in members})) != 1:
+            return None
     lanes = {(u, v): sorted(pair[(u, v)]) for g in ordered for u in g for v in g if u != v}
     return Planes([[index[u] for u in g] for g in ordered], lanes)
 
@@ -146,8 +152,11 @@ def plane_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule | None
     found = plane_layout(fabric, demands[0])
     if found is None:
         return None
-    tried = sorted((_planned(fabric, demands[0], found, c) for c in PLANE_CHUNKS),
-                   key=lambda s: s.makespan)
+    try:
+        tried = sorted((_planned(fabric, demands[0], found, c) for c in PLANE_CHUNKS),
+                       key=lambda s: s.makespan)
+    except InfeasibleError:  # a plane its own links cannot serve (one-way links)
+        return None
     return next((s for s in tried if not lowerable(s)), None)
 
 
