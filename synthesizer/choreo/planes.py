@@ -10,11 +10,12 @@ and per-send latency across trees four hops deep.
 
 The plan here: every plane runs its own AllGather of its members' shards (the greedy engine,
 on the plane's links alone, where it is exact on a 3-cube), and every NPU hands each chunk
-that reaches it on its plane, and its own shard first, to its group mates, split over the
-parallel links between them. The groups' links carry a group's shards once into every
-mate, so they keep up wherever they are faster than the plane's links into an NPU; only the
-last chunk's hand-over is left when the planes end. ReduceScatter is the same plan on
-reversed links, inverted in time (``railgather.phase``).
+that reaches it on its plane, and its own shard first, to its group mates, on whichever of
+the parallel links between them frees first. The groups' links carry a group's shards once
+into every mate, so they keep up wherever they are faster than the plane's links into an
+NPU; only the hand-over of the last chunks is left when the planes end, and those are cut
+one piece per link. ReduceScatter runs each plane's ReduceScatter, and the mates hand a
+rank their share of each chunk before it sends the chunk on; the first ones in pieces.
 """
 
 from __future__ import annotations
@@ -172,14 +173,15 @@ def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedu
     lane_link = fabric.links[next(iter(planes.lanes.values()))[0]]
     whole = lane_link.alpha + shard / c / lane_link.bandwidth
     piece = lane_link.alpha + shard / (c * m) / lane_link.bandwidth
-    rows: list[tuple[float, ...]] = []  # (start, seconds, src, dst rank, chunk, count, lane)
+    rows: list[tuple[float, ...]] = []  # (start, seconds, src, dst rank, chunk, count, link)
     asked: list[Ask] = []
     for s in range(planes.mates):
         sends, wanted = _plane(fabric, demand, [g[s] for g in planes.groups], c, reduced)
-        rows.extend((t0, t1 - t0, u, v, gid * m, m, 0) for t0, t1, u, v, gid in sends)
+        rows.extend((t0, t1 - t0, u, v, gid * m, m, k) for t0, t1, u, v, gid, k in sends)
         asked.extend(wanted)
     end = max((r[0] + r[1] for r in rows), default=0.0)
     group_of = {r: g for g in planes.groups for r in g}
+    ranks = np.asarray(demand.ranks)
     free: dict[tuple[int, int], list[float]] = {
         pair: [0.0] * len(ks) for pair, ks in planes.lanes.items()}
     late = 0.0  # how much later a ReduceScatter's planes start for its hand-overs to make it
@@ -189,7 +191,8 @@ def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedu
         for w in group_of[r]:
             if w == r:
                 continue
-            lanes = free[(w, r) if reduced else (r, w)]
+            pair = (int(ranks[w]), int(ranks[r])) if reduced else (int(ranks[r]), int(ranks[w]))
+            lanes = free[pair]
             order = sorted(range(len(lanes)), key=lanes.__getitem__)
             for i, lane in enumerate(order[:m] if cut else order[:1]):
                 start = max(ready, lanes[lane])
@@ -197,17 +200,17 @@ def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedu
                 lanes[lane] = start + took
                 late = max(late, start + took - by)
                 lo, count = (gid * m + i, 1) if cut else (gid * m, m)
-                hands.append((start, took, w, r, lo, count, lane) if reduced
-                             else (start, took, r, w, lo, count, lane))
+                on = planes.lanes[pair][lane]
+                hands.append((start, took, w, r, lo, count, on) if reduced
+                             else (start, took, r, w, lo, count, on))
     if reduced:
         rows = [(t0 + late, *rest) for t0, *rest in rows]
     rows.extend(hands)
     raw = np.asarray(rows, dtype=np.float64)
     op = Op.REDUCE if reduced else Op.COPY
-    ranks = np.asarray(demand.ranks)
     src = ranks[raw[:, 2].astype(np.int64)]
     dst = ranks[raw[:, 3].astype(np.int64)]
-    link = _pair_links(fabric, src, dst, raw[:, 6].astype(np.int64))
+    link = raw[:, 6].astype(np.int64)
     step = np.unique(raw[:, 0], return_inverse=True)[1].astype(np.int64)
     sched = Schedule(fabric, fabric, (replace(demand, chunks=c * m),),
                      np.zeros(len(raw), dtype=np.int64), raw[:, 4].astype(np.int64), src, dst,
@@ -219,9 +222,10 @@ def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedu
 
 
 def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced: bool
-           ) -> tuple[list[tuple[float, float, int, int, int]], list[Ask]]:
+           ) -> tuple[list[tuple[float, float, int, int, int, int]], list[Ask]]:
     """One plane's collective by the greedy engine on its links alone: its sends as (start,
-    end, src rank, dst rank, chunk of ``c`` per shard), and the hand-overs it asks for. In
+    end, src rank, dst rank, chunk of ``c`` per shard, fabric link), and the hand-overs it
+    asks for. In
     an AllGather a rank hands each chunk to its mates once it holds it (its own shard at
     once); in a ReduceScatter its mates hand it their share of each chunk of the plane by
     the time it sends the chunk on (the planes start later if the mates' links cannot)."""
@@ -233,15 +237,22 @@ def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced
     plane = synthesize(fabric, [sub], SynthOptions(relay=False, rail_gather=False,
                                                     tree_packing=False, plane_gather=False))
     rank_of = {ranks[r]: r for r in members}
+    # a switchless fabric's view is the fabric's own links; where not, each pair's first
+    links = [k if plane.topology.links[k] == fabric.links[k] else -1 for k in range(
+        len(plane.topology.links))] if len(plane.topology.links) == len(fabric.links) else None
+    first = {(lk.src, lk.dst): k for k, lk in reversed(list(enumerate(fabric.links)))
+             if fabric.usable(k)}
     sends = []
     ready: dict[tuple[int, int], float] = {}  # AllGather: the chunk reaches the rank
     by: dict[tuple[int, int], float] = {}  # ReduceScatter: the rank sends the chunk on
-    for ch, u, v, t0, t1 in zip(plane.chunk.tolist(), plane.src.tolist(), plane.dst.tolist(),
-                                plane.start.tolist(), plane.end.tolist(), strict=True):
+    for ch, u, v, t0, t1, k in zip(plane.chunk.tolist(), plane.src.tolist(),
+                                   plane.dst.tolist(), plane.start.tolist(),
+                                   plane.end.tolist(), plane.link.tolist(), strict=True):
         origin, j = divmod(ch, c)
         gid = members[origin] * c + j
+        on = links[k] if links is not None and links[k] >= 0 else first[(u, v)]
         u, v = rank_of[u], rank_of[v]
-        sends.append((t0, t1, u, v, gid))
+        sends.append((t0, t1, u, v, gid, on))
         ready[(v, gid)] = max(ready.get((v, gid), 0.0), t1)
         by[(u, gid)] = min(by.get((u, gid), t0), t0)
     end = float(plane.end.max()) if len(plane) else 0.0
@@ -250,18 +261,3 @@ def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced
         return sends, [Ask(t, t, r, gid) for (r, gid), t in ready.items()]
     return sends, [Ask(by.get((r, gid), end), 0.0, r, gid)
                    for r in members for gid in (o * c + j for o in members for j in range(c))]
-
-
-def _pair_links(fabric: Topology, src: np.ndarray, dst: np.ndarray, lane: np.ndarray
-                ) -> np.ndarray:
-    """Each send's fabric link: lane ``lane`` of its pair's links."""
-    by_pair: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for k in fabric.usable_links():
-        lk = fabric.links[k]
-        by_pair[(lk.src, lk.dst)].append(k)
-    out = np.empty(len(src), dtype=np.int64)
-    for i, (u, v, ln) in enumerate(zip(src.tolist(), dst.tolist(), lane.tolist(), strict=True)):
-        ks = by_pair[(u, v)]
-        out[i] = ks[ln % len(ks)]
-    return out
-
