@@ -35,7 +35,7 @@ from choreo.simulate import simulate
 from choreo.topology import Topology
 
 ENGINE = "plane-gather"
-COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER)
+COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 PLANE_CHUNKS = (12, 24, 36, 48)  # chunks per shard tried; the fastest that lowers is kept
 
 
@@ -162,26 +162,56 @@ def plane_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule | None
 
 
 def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedule:
-    """The plan with ``c`` chunks per shard on the planes. A hand-over takes whichever of
+    """The plan with ``c`` chunks per shard on the planes; an AllReduce is its ReduceScatter,
+    then its AllGather, planned after it (each chunk's AllGather waits only for that chunk's
+    reductions, as the simulator runs it)."""
+    m = min(len(ks) for ks in planes.lanes.values())
+    if demand.collective is Collective.ALLREDUCE:
+        rows = _phase(fabric, demand, planes, c, m, reduced=True)
+        after = max((r[0] + r[1] for r in rows), default=0.0)
+        rows += [(t0 + after, *rest) for t0, *rest in _phase(fabric, demand, planes, c, m,
+                                                              reduced=False)]
+    else:
+        rows = _phase(fabric, demand, planes, c, m,
+                      reduced=demand.collective is Collective.REDUCESCATTER)
+    raw = np.asarray(rows, dtype=np.float64)
+    ranks = np.asarray(demand.ranks)
+    src = ranks[raw[:, 2].astype(np.int64)]
+    dst = ranks[raw[:, 3].astype(np.int64)]
+    link = raw[:, 6].astype(np.int64)
+    step = np.unique(raw[:, 0], return_inverse=True)[1].astype(np.int64)
+    sched = Schedule(fabric, fabric, (replace(demand, chunks=c * m),),
+                     np.zeros(len(raw), dtype=np.int64), raw[:, 4].astype(np.int64), src, dst,
+                     link, step.astype(float), step + 0.5, raw[:, 7].astype(np.int64),
+                     engine=ENGINE, meta={"engine": ENGINE, "plane_chunks": c,
+                                          "steps": int(step.max()) + 1},
+                     count=raw[:, 5].astype(np.int64))
+    return simulate(sched).retimed(sched)
+
+
+def _phase(fabric: Topology, demand: Demand, planes: Planes, c: int, m: int,
+           reduced: bool) -> list[tuple[float, ...]]:
+    """An AllGather's or (``reduced``) a ReduceScatter's sends as rows of (estimated start,
+    seconds, src rank, dst rank, first chunk, chunk count, fabric link, op), ``c`` chunks per
+    shard on the planes, each cut in ``m`` for the hand-overs. A hand-over takes whichever of
     the mates' parallel links frees first, but for the chunks that arrive as the planes end
     in an AllGather (on every plane link at once), or leave as they start in a
     ReduceScatter, it is cut in one piece per link: nothing overlaps those hand-overs.
     Cutting them all ends no sooner and takes as many more steps as there are links."""
-    reduced = demand.collective is Collective.REDUCESCATTER
     shard = demand.size / demand.n
-    m = min(len(ks) for ks in planes.lanes.values())
     lane_link = fabric.links[next(iter(planes.lanes.values()))[0]]
     whole = lane_link.alpha + shard / c / lane_link.bandwidth
     piece = lane_link.alpha + shard / (c * m) / lane_link.bandwidth
-    rows: list[tuple[float, ...]] = []  # (start, seconds, src, dst rank, chunk, count, link)
+    op = int(Op.REDUCE if reduced else Op.COPY)
+    rows: list[tuple[float, ...]] = []
     asked: list[Ask] = []
     for s in range(planes.mates):
         sends, wanted = _plane(fabric, demand, [g[s] for g in planes.groups], c, reduced)
-        rows.extend((t0, t1 - t0, u, v, gid * m, m, k) for t0, t1, u, v, gid, k in sends)
+        rows.extend((t0, t1 - t0, u, v, gid * m, m, k, op) for t0, t1, u, v, gid, k in sends)
         asked.extend(wanted)
     end = max((r[0] + r[1] for r in rows), default=0.0)
     group_of = {r: g for g in planes.groups for r in g}
-    ranks = np.asarray(demand.ranks)
+    ranks = demand.ranks
     free: dict[tuple[int, int], list[float]] = {
         pair: [0.0] * len(ks) for pair, ks in planes.lanes.items()}
     late = 0.0  # how much later a ReduceScatter's planes start for its hand-overs to make it
@@ -191,7 +221,7 @@ def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedu
         for w in group_of[r]:
             if w == r:
                 continue
-            pair = (int(ranks[w]), int(ranks[r])) if reduced else (int(ranks[r]), int(ranks[w]))
+            pair = (ranks[w], ranks[r]) if reduced else (ranks[r], ranks[w])
             lanes = free[pair]
             order = sorted(range(len(lanes)), key=lanes.__getitem__)
             for i, lane in enumerate(order[:m] if cut else order[:1]):
@@ -201,24 +231,11 @@ def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedu
                 late = max(late, start + took - by)
                 lo, count = (gid * m + i, 1) if cut else (gid * m, m)
                 on = planes.lanes[pair][lane]
-                hands.append((start, took, w, r, lo, count, on) if reduced
-                             else (start, took, r, w, lo, count, on))
+                hands.append((start, took, w, r, lo, count, on, op) if reduced
+                             else (start, took, r, w, lo, count, on, op))
     if reduced:
         rows = [(t0 + late, *rest) for t0, *rest in rows]
-    rows.extend(hands)
-    raw = np.asarray(rows, dtype=np.float64)
-    op = Op.REDUCE if reduced else Op.COPY
-    src = ranks[raw[:, 2].astype(np.int64)]
-    dst = ranks[raw[:, 3].astype(np.int64)]
-    link = raw[:, 6].astype(np.int64)
-    step = np.unique(raw[:, 0], return_inverse=True)[1].astype(np.int64)
-    sched = Schedule(fabric, fabric, (replace(demand, chunks=c * m),),
-                     np.zeros(len(raw), dtype=np.int64), raw[:, 4].astype(np.int64), src, dst,
-                     link, step.astype(float), step + 0.5, np.full(len(raw), int(op)),
-                     engine=ENGINE, meta={"engine": ENGINE, "plane_chunks": c,
-                                          "steps": int(step.max()) + 1},
-                     count=raw[:, 5].astype(np.int64))
-    return simulate(sched).retimed(sched)
+    return rows + hands
 
 
 def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced: bool
@@ -232,7 +249,8 @@ def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced
     from choreo.synth import SynthOptions, synthesize
 
     ranks = demand.ranks
-    sub = Demand(demand.collective, tuple(ranks[r] for r in members),
+    sub = Demand(Collective.REDUCESCATTER if reduced else Collective.ALLGATHER,
+                 tuple(ranks[r] for r in members),
                  demand.size * len(members) // demand.n, c)
     plane = synthesize(fabric, [sub], SynthOptions(relay=False, rail_gather=False,
                                                     tree_packing=False, plane_gather=False))

@@ -1,6 +1,7 @@
 """Random product fabrics (groups of 2-4 NPUs joined by 1-4 parallel links, one random
-connected plane per slot): the plane plan applies, and its AllGather and ReduceScatter
-verify, never beat the bound, and are lowerable where ``plane_gather`` returns them."""
+connected plane per slot): the plane plan applies, and its AllGather, ReduceScatter
+and AllReduce verify, never beat the bound, and are lowerable where ``plane_gather`` returns
+them."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def products(draw: st.DrawFn) -> Topology:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fabric=products(), collective=st.sampled_from([Collective.ALLGATHER,
-                                                      Collective.REDUCESCATTER]),
+                                                      Collective.REDUCESCATTER,
+                                                      Collective.ALLREDUCE]),
        size=st.sampled_from([16 << 20, 1 << 30]))
 def test_the_plane_plan_verifies_and_never_beats_the_bound(fabric: Topology,
                                                           collective: Collective,

@@ -3,6 +3,7 @@ ahead of the packed trees."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from choreo.bounds import lower_bound
@@ -20,6 +21,7 @@ from choreo.verify import verify
 
 GIB = 1 << 30
 GATHERS = (Collective.ALLGATHER, Collective.REDUCESCATTER)
+ALL = (*GATHERS, Collective.ALLREDUCE)
 
 
 def _whole(fabric: Topology, collective: Collective, size: int = GIB) -> Demand:
@@ -48,7 +50,7 @@ def test_on_mi250_the_plan_is_kept_verified_lowerable_and_ahead_of_the_trees(
     assert bound / simulate(chosen).makespan >= 0.97
 
 
-@pytest.mark.parametrize("collective", GATHERS)
+@pytest.mark.parametrize("collective", ALL)
 def test_its_program_runs_in_the_msccl_interpreter(collective: Collective) -> None:
     fabric = build("mi250")
     found = plane_gather(fabric, [_whole(fabric, collective, 64 << 20)])
@@ -63,8 +65,27 @@ def test_fabrics_without_groups_and_planes_are_left_to_the_other_engines(name: s
     assert plane_gather(fabric, [_whole(fabric, Collective.ALLGATHER)]) is None
 
 
-def test_a_failed_link_inside_a_group_or_an_allreduce_leaves_it_to_the_others() -> None:
+def test_a_failed_link_inside_a_group_or_an_alltoall_leaves_it_to_the_others() -> None:
     fabric = build("mi250")
-    assert plane_gather(fabric, [_whole(fabric, Collective.ALLREDUCE)]) is None
+    assert plane_gather(fabric, [_whole(fabric, Collective.ALLTOALL)]) is None
     broken = fail_links(fabric, [(0, 1)])
     assert plane_layout(broken, _whole(broken, Collective.ALLGATHER)) is None
+
+
+def test_an_allreduce_is_the_reducescatter_then_the_allgather_and_beats_greedy() -> None:
+    fabric = build("mi250")
+    demand = _whole(fabric, Collective.ALLREDUCE)
+    chosen = synthesize(fabric, [demand])
+    greedy = synthesize(fabric, [demand], SynthOptions(tree_packing=False, plane_gather=False))
+    assert chosen.engine == ENGINE
+    assert verify(chosen).ok, verify(chosen).summary()
+    assert lowerable(chosen) == ""
+    assert simulate(chosen).makespan < 0.9 * simulate(greedy).makespan
+    idx, chunk = chosen.expanded()  # each chunk is copied out only once fully reduced
+    reduced, copied = chosen.op[idx] == 1, chosen.op[idx] == 0
+    last_reduce = np.full(chosen.demands[0].num_chunks, -np.inf)
+    np.maximum.at(last_reduce, chunk[reduced], chosen.end[idx[reduced]])
+    first_copy = np.full(chosen.demands[0].num_chunks, np.inf)
+    np.minimum.at(first_copy, chunk[copied], chosen.start[idx[copied]])
+    assert np.isfinite(last_reduce).all() and np.isfinite(first_copy).all()
+    assert (last_reduce <= first_copy + 1e-12).all()
