@@ -29,6 +29,7 @@ import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError
+from choreo.msccl.layout import DIALECTS
 from choreo.msccl.lower import lowerable
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
@@ -146,8 +147,9 @@ def _slots(groups: list[list[int]], plane_edges: list[tuple[int, int]]) -> dict[
 
 
 def plane_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule | None:
-    """The fastest plane plan of the one demand over ``PLANE_CHUNKS`` that lowers to MSCCL
-    (more chunks are more steps per threadblock), or None where the plan does not apply."""
+    """The fastest plane plan of the one demand over ``PLANE_CHUNKS`` that every MSCCL
+    runtime can run (more chunks are more steps per threadblock; an MI250 runs RCCL's, which
+    allows 64 threadblocks a rank), or None where the plan does not apply."""
     if len(demands) != 1:
         return None
     found = plane_layout(fabric, demands[0])
@@ -158,7 +160,7 @@ def plane_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule | None
                        key=lambda s: s.makespan)
     except InfeasibleError:  # a plane its own links cannot serve (one-way links)
         return None
-    return next((s for s in tried if not lowerable(s)), None)
+    return next((s for s in tried if not any(lowerable(s, dialect=d) for d in DIALECTS)), None)
 
 
 def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedule:
