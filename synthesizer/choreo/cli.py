@@ -28,6 +28,7 @@ from rich.table import Table
 from choreo.collectives import Collective, Demand, format_size, parse_size
 from choreo.errors import ChoreoError, InputError
 from choreo.msccl import cli as msccl_cli
+from choreo.msccl.lower import lowerable
 from choreo.nccl.compare import Versus, versus_nccl
 from choreo.report import NCCL, Evaluation, TenantResult, evaluate
 from choreo.schedule import Schedule
@@ -159,16 +160,16 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         # Several MSCCL instances need single-chunk transfers (the rail plan moves ranges).
         rail = getattr(args, "instances", 1) == 1
+        # Files are written only where the winner lowers: nothing else may win then.
+        accept = (partial(lowerable, dialect=args.dialect, instances=args.instances,
+                          proto=args.proto) if args.msccl_out else None)
         if args.engine == "greedy":
             sched = synthesize(fabric, demands, SynthOptions(
-                restarts=args.restarts, seed=args.seed, relay=relay, rail_gather=rail))
+                restarts=args.restarts, seed=args.seed, relay=relay, rail_gather=rail,
+                accept=accept))
         else:
-            from choreo.msccl.lower import lowerable
             from choreo.portfolio import PortfolioOptions, solve
 
-            # Files are written only where the winner lowers: nothing else may win then.
-            accept = (partial(lowerable, dialect=args.dialect, instances=args.instances,
-                              proto=args.proto) if args.msccl_out else None)
             sched = solve(fabric, demands, args.engine, args.deadline, PortfolioOptions(
                 restarts=args.restarts, seed=args.seed, relay=relay, rail_gather=rail,
                 accept=accept))

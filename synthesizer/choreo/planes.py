@@ -21,7 +21,7 @@ rank their share of each chunk before it sends the chunk on; the first ones in p
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -29,7 +29,6 @@ import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError
-from choreo.msccl.layout import DIALECTS
 from choreo.msccl.lower import lowerable
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
@@ -146,10 +145,11 @@ def _slots(groups: list[list[int]], plane_edges: list[tuple[int, int]]) -> dict[
     return slot if len(slot) == sum(len(g) for g in groups) else None
 
 
-def plane_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule | None:
-    """The fastest plane plan of the one demand over ``PLANE_CHUNKS`` that every MSCCL
-    runtime can run (more chunks are more steps per threadblock; an MI250 runs RCCL's, which
-    allows 64 threadblocks a rank), or None where the plan does not apply."""
+def plane_gather(fabric: Topology, demands: Sequence[Demand],
+                 accept: Callable[[Schedule], str] = lowerable) -> Schedule | None:
+    """The fastest plane plan of the one demand over ``PLANE_CHUNKS`` that ``accept`` takes
+    ("" where it may run; by default where the executor can run it: more chunks are more
+    steps per threadblock), or None where the plan does not apply or none is taken."""
     if len(demands) != 1:
         return None
     found = plane_layout(fabric, demands[0])
@@ -160,7 +160,7 @@ def plane_gather(fabric: Topology, demands: Sequence[Demand]) -> Schedule | None
                        key=lambda s: s.makespan)
     except InfeasibleError:  # a plane its own links cannot serve (one-way links)
         return None
-    return next((s for s in tried if not any(lowerable(s, dialect=d) for d in DIALECTS)), None)
+    return next((s for s in tried if not accept(s)), None)
 
 
 def _planned(fabric: Topology, demand: Demand, planes: Planes, c: int) -> Schedule:

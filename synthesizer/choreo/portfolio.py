@@ -113,7 +113,7 @@ def solve(fabric: Topology, demands: Sequence[Demand], engine: str = "auto",
         return cand
 
     greedy_opts = SynthOptions(restarts=opts.restarts, seed=opts.seed, relay=opts.relay,
-                               rail_gather=opts.rail_gather)
+                               rail_gather=opts.rail_gather, accept=opts.accept)
     if engine in ("greedy", "auto"):
         first = run("greedy", "given", lambda: synthesize(fabric, demands, greedy_opts))
         if engine == "auto":

@@ -41,6 +41,7 @@ from choreo.hierarchy import (
     hierarchical,
     shaped,
 )
+from choreo.msccl.lower import lowerable
 from choreo.planes import plane_gather
 from choreo.railgather import hops, plans, rail_gather, rail_layout
 from choreo.schedule import Op, Schedule
@@ -102,6 +103,10 @@ class SynthOptions:
     # also try each plane's collective handed over to group mates (choreo.planes); its
     # transfers move chunk ranges, so only where rail_gather (which moves them too) is on
     plane_gather: bool = True
+    # Whether a packed-tree or plane plan may replace greedy's result ("" where it may, else
+    # why not): a caller that lowers the result passes ``lowerable`` for its runtime. None:
+    # whatever the default runtime (the executor) can run.
+    accept: Callable[[Schedule], str] | None = None
 
 
 def auto_chunks(topology: Topology, collective: Collective, size: int, n: int) -> int:
@@ -241,16 +246,17 @@ def synthesize(
     best = min((s for s in results if s is not None), key=lambda s: s.makespan)
     if railed:
         return _against_rail_plan(fabric, demands, best)
-    best = _against_trees(fabric, demands, best) if opts.tree_packing else best
-    return _against_planes(fabric, demands, best) if opts.plane_gather and opts.rail_gather \
-        else best
+    accept = opts.accept or lowerable
+    best = _against_trees(fabric, demands, best, accept) if opts.tree_packing else best
+    return _against_planes(fabric, demands, best, accept) \
+        if opts.plane_gather and opts.rail_gather else best
 
 
-def _against_planes(fabric: Topology, demands: tuple[Demand, ...], best: Schedule
-                    ) -> Schedule:
+def _against_planes(fabric: Topology, demands: tuple[Demand, ...], best: Schedule,
+                    accept: Callable[[Schedule], str]) -> Schedule:
     """The faster of ``best`` and the plan composed along the fabric's planes, where that
-    applies (``choreo.planes``), by simulated time."""
-    planned = plane_gather(fabric, demands)
+    applies and is accepted (``choreo.planes``), by simulated time."""
+    planned = plane_gather(fabric, demands, accept)
     if planned is None:
         return best
     return planned if planned.makespan < simulate(best).makespan else best
@@ -349,16 +355,16 @@ def _against_rail_plan(fabric: Topology, demands: tuple[Demand, ...], greedy: Sc
     return min(fits, key=lambda s: greedy_s if s is greedy else s.makespan)
 
 
-def _against_trees(fabric: Topology, demands: tuple[Demand, ...], greedy: Schedule
-                   ) -> Schedule:
-    """The faster of ``greedy`` and the packed broadcast trees, by simulated time (the trees'
-    times are the simulator's already). The trees are skipped against greedy's planned time,
-    which the simulated one never exceeds, so greedy is simulated only when they are laid
-    out."""
+def _against_trees(fabric: Topology, demands: tuple[Demand, ...], greedy: Schedule,
+                   accept: Callable[[Schedule], str]) -> Schedule:
+    """The faster of ``greedy`` and the packed broadcast trees where accepted, by simulated
+    time (the trees' times are the simulator's already). The trees are skipped against
+    greedy's planned time, which the simulated one never exceeds, so greedy is simulated
+    only when they are laid out."""
     trees = tree_packing(fabric, demands, beat=greedy.makespan)
-    if trees is None:
+    if trees is None or trees.makespan >= simulate(greedy).makespan or accept(trees):
         return greedy
-    return trees if trees.makespan < simulate(greedy).makespan else greedy
+    return trees
 
 
 _VIEWS: OrderedDict[Hashable, list[Topology]] = OrderedDict()

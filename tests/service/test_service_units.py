@@ -18,7 +18,14 @@ from choreo.service import protos, work, worker
 from choreo.service.api import pb
 from choreo.service.buckets import plan_buckets
 from choreo.service.cache import Memo, ResultCache, cache_key
-from choreo.service.client import bucket_body, bucket_member_ends, bucket_xml
+from choreo.service.client import (
+    RequestOptions,
+    TenantRequest,
+    bucket_body,
+    bucket_member_ends,
+    bucket_xml,
+    build_request,
+)
 from choreo.service.convert import (
     DIALECTS,
     ENGINES,
@@ -226,3 +233,17 @@ def test_large_files_come_compressed_one_member_per_part(
     whole = _without_timing(work.run(packed, lambda *_: None)).tenants[0].collectives[0]
     assert all(not bucket_member_ends(b) and bucket_xml(b) == a.xml
                for a, b in zip(plain, whole.buckets, strict=True))
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce"])
+def test_a_request_gets_a_schedule_its_runtime_can_run(collective: str) -> None:
+    """An MI250 request in RCCL's dialect (64 threadblocks a rank): the packed trees, which
+    need 71 and 86, were refused as not lowerable; the engines now keep only what it runs."""
+    fabric = build("mi250")
+    req = build_request(fabric, [TenantRequest.one("amd", fabric.npus, collective, 1 << 30,
+                                                   1 << 30)], RequestOptions("rccl"))
+    options, _ = options_from_proto(req.options)
+    job = Work(fabric_from_proto(req.fabric), tenants_from_proto(req.tenants), options, "k")
+    bucket = _without_timing(work.run(job, lambda *_: None)).tenants[0].collectives[0].buckets[0]
+    assert bucket.verification.ok and bucket.file_name and bucket.xml
+    assert bucket.engine == "plane-gather"

@@ -3,6 +3,8 @@ ahead of the packed trees."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,6 @@ from choreo.collectives import Collective, Demand
 from choreo.generators import build
 from choreo.msccl import interpret
 from choreo.msccl.api import to_xml
-from choreo.msccl.layout import DIALECTS
 from choreo.msccl.lower import lowerable
 from choreo.planes import ENGINE, plane_gather, plane_layout
 from choreo.simulate import simulate
@@ -45,7 +46,7 @@ def test_on_mi250_the_plan_is_kept_verified_lowerable_and_ahead_of_the_trees(
     trees = synthesize(fabric, [demand], SynthOptions(plane_gather=False))
     assert chosen.engine == ENGINE
     assert verify(chosen).ok, verify(chosen).summary()
-    assert all(lowerable(chosen, dialect=d) == "" for d in DIALECTS)
+    assert lowerable(chosen) == ""
     assert simulate(chosen).makespan < 0.98 * simulate(trees).makespan
     bound = lower_bound(fabric, demand, whole_chunks=False).value_s
     assert bound / simulate(chosen).makespan >= 0.97
@@ -80,7 +81,7 @@ def test_an_allreduce_is_the_reducescatter_then_the_allgather_and_beats_greedy()
     greedy = synthesize(fabric, [demand], SynthOptions(tree_packing=False, plane_gather=False))
     assert chosen.engine == ENGINE
     assert verify(chosen).ok, verify(chosen).summary()
-    assert all(lowerable(chosen, dialect=d) == "" for d in DIALECTS)
+    assert lowerable(chosen) == ""
     assert simulate(chosen).makespan < 0.9 * simulate(greedy).makespan
     idx, chunk = chosen.expanded()  # each chunk is copied out only once fully reduced
     reduced, copied = chosen.op[idx] == 1, chosen.op[idx] == 0
@@ -90,3 +91,21 @@ def test_an_allreduce_is_the_reducescatter_then_the_allgather_and_beats_greedy()
     np.minimum.at(first_copy, chunk[copied], chosen.start[idx[copied]])
     assert np.isfinite(last_reduce).all() and np.isfinite(first_copy).all()
     assert (last_reduce <= first_copy + 1e-12).all()
+
+
+def test_a_runtime_the_caller_names_gets_only_what_it_can_run() -> None:
+    """RCCL's executor (an MI250's runtime) allows 64 threadblocks a rank: the 1 GiB
+    AllReduce's plane plan at 24 chunks needs 70, and the packed trees' AllGather 71."""
+    fabric = build("mi250")
+    rccl = partial(lowerable, dialect="rccl")
+    allreduce = _whole(fabric, Collective.ALLREDUCE)
+    executor = synthesize(fabric, [allreduce])
+    assert rccl(executor) != ""
+    ours = synthesize(fabric, [allreduce], SynthOptions(accept=rccl))
+    assert ours.engine == ENGINE and rccl(ours) == ""
+    assert simulate(ours).makespan > simulate(executor).makespan  # fewer chunks
+    gather = _whole(fabric, Collective.ALLGATHER)
+    trees = synthesize(fabric, [gather], SynthOptions(plane_gather=False))
+    assert trees.engine == "tree-packing" and rccl(trees) != ""
+    kept = synthesize(fabric, [gather], SynthOptions(plane_gather=False, accept=rccl))
+    assert kept.engine != "tree-packing" and rccl(kept) == ""

@@ -315,16 +315,16 @@ def _solve(work: Work, demands: list[Demand], rounds: int) -> Schedule:
     # Several MSCCL instances split every transfer's chunk: the rail plan's transfers move
     # chunk ranges, which the lowering then refuses.
     rail = opts.instances == 1
+    runs = partial(lowerable, dialect=opts.dialect, instances=opts.instances, proto=opts.proto)
     if opts.engine == "greedy":
         return synthesize(work.fabric, demands, SynthOptions(
-            restarts=opts.restarts, seed=opts.seed, relay=False, rail_gather=rail))
+            restarts=opts.restarts, seed=opts.seed, relay=False, rail_gather=rail,
+            accept=runs))
     from choreo.portfolio import PortfolioOptions, solve
 
     budget = 0.6 * opts.engine_seconds / rounds
     return solve(work.fabric, demands, opts.engine, budget, PortfolioOptions(
-        restarts=opts.restarts, seed=opts.seed, relay=False, rail_gather=rail,
-        accept=partial(lowerable, dialect=opts.dialect, instances=opts.instances,
-                       proto=opts.proto)))
+        restarts=opts.restarts, seed=opts.seed, relay=False, rail_gather=rail, accept=runs))
 
 
 def _hierarchical(work: Work, t: TenantSpec, j: int) -> bool:
