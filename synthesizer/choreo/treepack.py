@@ -36,6 +36,7 @@ import numpy as np
 
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
+from choreo.rates import equalized
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
 from choreo.teccl.highs import solver
@@ -103,13 +104,18 @@ def worth_cutting(fabric: Topology, demand: Demand) -> list[int]:
 
 
 def bundles(fabric: Topology, ranks: tuple[int, ...], reverse: bool) -> Bundles:
-    """The usable links between ranks, parallel ones of equal cost bundled."""
+    """The usable links between ranks, parallel ones of equal cost bundled; measured costs
+    that lie close together count as equal (``rates.equalized``): MI250's four twin links
+    measured with 0.5% noise, each its own edge, left the packing 45% slower."""
     index = {v: i for i, v in enumerate(ranks)}
+    usable = [i for i, lk in enumerate(fabric.links)
+              if lk.src in index and lk.dst in index and lk.src != lk.dst and fabric.usable(i)]
+    alpha = equalized(np.array([fabric.links[i].alpha for i in usable]), up=True)
+    bandwidth = equalized(np.array([fabric.links[i].bandwidth for i in usable]), up=False)
     groups: dict[tuple[int, int, float, float], list[int]] = {}
-    for i, lk in enumerate(fabric.links):
-        if lk.src in index and lk.dst in index and lk.src != lk.dst and fabric.usable(i):
-            groups.setdefault((index[lk.src], index[lk.dst], lk.alpha, lk.bandwidth),
-                              []).append(i)
+    for i, a, bw in zip(usable, alpha.tolist(), bandwidth.tolist(), strict=True):
+        lk = fabric.links[i]
+        groups.setdefault((index[lk.src], index[lk.dst], a, bw), []).append(i)
     ends = np.array([key[:2] for key in groups], dtype=np.int64).reshape(-1, 2)
     tail, head = (ends[:, 1], ends[:, 0]) if reverse else (ends[:, 0], ends[:, 1])
     return Bundles(tail, head, list(groups.values()))

@@ -11,9 +11,10 @@ import pytest
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError, InputError
 from choreo.generators import build
+from choreo.rates import equalized
 from choreo.schedule import Op
 from choreo.simulate import simulate
-from choreo.synth import SynthOptions, auto_chunks, equalized, synthesize
+from choreo.synth import SynthOptions, auto_chunks, synthesize
 from choreo.transforms import apply_failures
 from choreo.verify import check, verify
 
