@@ -1,11 +1,11 @@
-"""``python -m choreo_dev.noise_bench``: the greedy engine, the hierarchical AllReduce and
-the rail-aligned plan on links measured with noise.
+"""``python -m choreo_dev.noise_bench``: the greedy engine, the hierarchical AllReduce, the
+rail-aligned plan and the plane plan on links measured with noise.
 
 Agents measure every link's alpha and bandwidth; no two come out equal. Each case perturbs
 every link of a built-in fabric by a uniform relative noise (seed 7) and reports the
 synthesized time over the noise-free one. The slowest link of a round sets it, so about
 ``1 + noise`` is the best to expect; the target allows twice the noise. ``synthesize`` keeps
-the faster of the rail plan and the other, so what ships is never slower than both.
+the faster of the rail or plane plan and the other, so what ships is never slower than both.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import numpy as np
 from choreo.benchtable import Row, finish
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
+from choreo.planes import plane_gather, plane_layout
 from choreo.railgather import layout, rail_gather
 from choreo.schedule import Schedule
 from choreo.synth import SynthOptions, synthesize
 from choreo.topology import Topology
 
-FABRICS = ("dgx-h100-2", "dgx-h100-4", "switch2d-8x4", "torus-4x4", "3d-rfs-64", "dgx-h100-33")
+FABRICS = ("dgx-h100-2", "dgx-h100-4", "switch2d-8x4", "torus-4x4", "3d-rfs-64", "dgx-h100-33",
+           "mi250")
 NOISE = (0.005, 0.04, 0.08, 0.15)
 SIZE = 256 << 20
 
@@ -35,11 +37,16 @@ def noisy(topo: Topology, noise: float, seed: int = 7) -> Topology:
                             for lk in topo.links])
 
 
-def _run(rail: bool, topo: Topology, d: Demand) -> Schedule:
-    """The rail-aligned plan alone, or what ``synthesize`` gives without it (the greedy
-    engine, or the hierarchical AllReduce above 256 ranks)."""
-    if rail:
+def _run(plan: str, topo: Topology, d: Demand) -> Schedule:
+    """The rail-aligned or the plane plan alone, or what ``synthesize`` gives without them
+    (the greedy engine or the packed trees, or the hierarchical AllReduce above 256 ranks)."""
+    if plan == "rail":
         return rail_gather(topo, [d])
+    if plan == "plane":
+        planned = plane_gather(topo, [d])
+        if planned is None:
+            raise RuntimeError(f"{topo.name}: the plane plan no longer applies")
+        return planned
     return synthesize(topo, [d], SynthOptions(relay=False, restarts=1, rail_gather=False))
 
 
@@ -49,10 +56,12 @@ def rows() -> list[Row]:
         topo = build(spec)
         for coll in (Collective.ALLGATHER, Collective.ALLREDUCE):
             d = Demand(coll, tuple(topo.npus), SIZE, 1)
-            for rail in (False, True) if layout(topo, d) is not None else (False,):
-                clean = _run(rail, topo, d)
+            plans = ["other"] + ["rail"] * (layout(topo, d) is not None) + [
+                "plane"] * (plane_layout(topo, d) is not None)
+            for plan in plans:
+                clean = _run(plan, topo, d)
                 for noise in NOISE:
-                    ratio = _run(rail, noisy(topo, noise), d).makespan / clean.makespan
+                    ratio = _run(plan, noisy(topo, noise), d).makespan / clean.makespan
                     out.append(Row(
                         f"{spec} {coll.value} 256 MiB, {noise:.1%} noise, {clean.engine}",
                         f"{ratio:.2f}x the noise-free time", f"<= {1 + 2 * noise:.2f}x",

@@ -20,6 +20,7 @@ from choreo.synth import SynthOptions, synthesize
 from choreo.topology import Topology
 from choreo.transforms import fail_links
 from choreo.verify import verify
+from choreo_dev.noise_bench import noisy
 
 GIB = 1 << 30
 GATHERS = (Collective.ALLGATHER, Collective.REDUCESCATTER)
@@ -109,3 +110,20 @@ def test_a_runtime_the_caller_names_gets_only_what_it_can_run() -> None:
     assert trees.engine == "tree-packing" and rccl(trees) != ""
     kept = synthesize(fabric, [gather], SynthOptions(plane_gather=False, accept=rccl))
     assert kept.engine != "tree-packing" and rccl(kept) == ""
+
+
+def test_measured_rates_keep_the_groups_and_the_plan() -> None:
+    """Every link's rate and latency off by up to 15% (as agents measure them): the
+    in-package pairs still stand apart from the plane links, and the plan stays within
+    twice the noise of the noise-free one."""
+    fabric = build("mi250")
+    demand = _whole(fabric, Collective.ALLGATHER, 256 << 20)
+    clean = plane_gather(fabric, [demand])
+    assert clean is not None
+    for noise in (0.04, 0.15):
+        measured = noisy(fabric, noise)
+        found = plane_layout(measured, demand)
+        assert found is not None and found.groups == plane_layout(fabric, demand).groups
+        planned = plane_gather(measured, [demand])
+        assert planned is not None and verify(planned).ok
+        assert planned.makespan <= clean.makespan * (1 + 2 * noise)
