@@ -37,7 +37,8 @@ from choreo.topology import Topology
 ENGINE = "plane-gather"
 COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 GROUP_GAP = 1.5  # how much wider a group's connections are than any plane's, at least
-PLANE_CHUNKS = (12, 24, 36, 48)  # chunks per shard tried; the fastest that lowers is kept
+PLANE_CHUNKS = (12, 24, 36, 48)  # chunks per shard tried; the fastest accepted is kept
+MAX_SENDS = 1 << 17  # of one plan: its hand-overs are planned in Python (64 GPUs: 1.5 s)
 
 
 class Ask(NamedTuple):
@@ -169,8 +170,13 @@ def plane_gather(fabric: Topology, demands: Sequence[Demand],
     found = plane_layout(fabric, demands[0])
     if found is None:
         return None
+    groups, mates = len(found.groups), found.mates
+    phases = 2 if demands[0].collective is Collective.ALLREDUCE else 1
+    # every plane's sends and every hand-over, of every phase (MI250, 24 chunks: 5,760)
+    fit = [c for c in PLANE_CHUNKS
+           if phases * c * groups * mates * (groups - 1 + groups * (mates - 1)) <= MAX_SENDS]
     try:
-        tried = sorted((_planned(fabric, demands[0], found, c) for c in PLANE_CHUNKS),
+        tried = sorted((_planned(fabric, demands[0], found, c) for c in fit),
                        key=lambda s: s.makespan)
     except InfeasibleError:  # a plane its own links cannot serve (one-way links)
         return None
