@@ -1,4 +1,5 @@
-"""AllGather and ReduceScatter composed along planes, on groups of NPUs joined by direct links.
+"""AllGather, ReduceScatter and AllReduce composed along planes, on groups of NPUs joined by
+direct links.
 
 Some fabrics are a product: small *groups* of NPUs joined by their fastest links (an MI250's
 two GCDs of a package, four xGMI links between them), and *planes* that join one NPU of
@@ -16,6 +17,7 @@ into every mate, so they keep up wherever they are faster than the plane's links
 NPU; only the hand-over of the last chunks is left when the planes end, and those are cut
 one piece per link. ReduceScatter runs each plane's ReduceScatter, and the mates hand a
 rank their share of each chunk before it sends the chunk on; the first ones in pieces.
+AllReduce is that ReduceScatter, then that AllGather.
 """
 
 from __future__ import annotations
