@@ -1,4 +1,4 @@
-"""Random product fabrics (groups of 2-4 NPUs joined by 1-4 parallel links, one random
+"""Random product fabrics (groups of 2-4 NPUs joined by 2-4 parallel links, one random
 connected plane per slot): the plane plan applies, and its AllGather, ReduceScatter and
 AllReduce verify, never beat the bound, and lower for the executor where ``plane_gather``
 returns them."""
