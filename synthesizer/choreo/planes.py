@@ -39,7 +39,7 @@ from choreo.topology import Topology
 ENGINE = "plane-gather"
 COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 GROUP_GAP = 1.5  # how much wider a group's connections are than any plane's, at least
-PLANE_CHUNKS = (12, 24, 36, 48)  # chunks per shard tried; the fastest accepted is kept
+PLANE_CHUNKS = (6, 12, 24, 36, 48)  # chunks per shard tried; the fastest accepted is kept
 MAX_SENDS = 1 << 17  # of one plan: its hand-overs are planned in Python (64 GPUs: 1.5 s)
 
 

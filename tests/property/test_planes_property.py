@@ -1,7 +1,7 @@
 """Random product fabrics (groups of 2-4 NPUs joined by 2-4 parallel links, one random
-connected plane per slot): the plane plan applies, and its AllGather, ReduceScatter and
-AllReduce verify, never beat the bound, and lower for the executor where ``plane_gather``
-returns them."""
+connected plane per slot), some measured with noise: the plane plan applies, and its
+AllGather, ReduceScatter and AllReduce verify, never beat the bound, and lower for the
+executor where ``plane_gather`` returns them."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from choreo.simulate import simulate
 from choreo.synth import synthesize
 from choreo.topology import Link, NodeKind, Topology
 from choreo.verify import verify
+from choreo_dev.noise_bench import noisy
 
 US, GB = 1e-6, 1e9
 
@@ -46,10 +47,15 @@ def products(draw: st.DrawFn) -> Topology:
 @given(fabric=products(), collective=st.sampled_from([Collective.ALLGATHER,
                                                       Collective.REDUCESCATTER,
                                                       Collective.ALLREDUCE]),
-       size=st.sampled_from([16 << 20, 1 << 30]))
+       size=st.sampled_from([16 << 20, 1 << 30]), noise=st.sampled_from([0.0, 0.04, 0.08]),
+       seed=st.integers(0, 1000))
 def test_the_plane_plan_verifies_and_never_beats_the_bound(fabric: Topology,
                                                           collective: Collective,
-                                                          size: int) -> None:
+                                                          size: int, noise: float,
+                                                          seed: int) -> None:
+    """Links measured with up to 8% noise too: two links of 46 GB/s still stand 1.7x apart
+    from one of 54."""
+    fabric = noisy(fabric, noise, seed) if noise else fabric
     demand = Demand(collective, tuple(fabric.npus), size, 1)
     assert plane_layout(fabric, demand) is not None
     found = plane_gather(fabric, [demand])
