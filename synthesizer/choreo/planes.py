@@ -40,15 +40,15 @@ ENGINE = "plane-gather"
 COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 GROUP_GAP = 1.5  # how much wider a group's connections are than any plane's, at least
 PLANE_CHUNKS = (6, 12, 24, 36, 48)  # chunks per shard tried; the fastest accepted is kept
-MAX_SENDS = 1 << 17  # of one plan: its hand-overs are planned in Python (64 GPUs: 1.5 s)
+MAX_SENDS = 1 << 17  # of one plan: its hand-overs are planned in Python (64 GPUs: 1.4-2 s)
 
 
 class Ask(NamedTuple):
-    """A hand-over between a rank and its mates: by when (the order lanes take them in),
-    from when, the rank and the chunk."""
+    """A hand-over between a rank and its mates, in the order the lanes take them: in an
+    AllGather from when the rank holds the chunk, in a ReduceScatter by when it needs its
+    mates' shares (it sends the chunk on then)."""
 
-    by: float
-    ready: float
+    when: float
     rank: int
     chunk: int
 
@@ -112,7 +112,8 @@ def _widest(pair: dict[tuple[int, int], list[int]], fabric: Topology
     """The pairs above the widest gap between the pairs' connections (their links' summed
     bandwidth, sorted), where the pairs above it are at least ``GROUP_GAP`` times wider:
     measured rates differ by a few percent, so near-equal widths are one class however the
-    noise spreads them (an MI250's 16 in-package pairs at 15% noise span 180-220 GB/s)."""
+    noise spreads them (an MI250's in-package pairs with 15% noise on every link: 189-218
+    GB/s, its plane links 43-57 GB/s)."""
     if not pair:
         return None
     keys = sorted(pair, key=lambda p: -sum(fabric.links[k].bandwidth for k in pair[p]))
@@ -240,8 +241,8 @@ def _phase(fabric: Topology, demand: Demand, planes: Planes, c: int, m: int,
         pair: [0.0] * len(ks) for pair, ks in planes.lanes.items()}
     late = 0.0  # how much later a ReduceScatter's planes start for its hand-overs to make it
     hands: list[tuple[float, ...]] = []
-    for by, ready, r, gid in sorted(asked):
-        cut = by < whole / 2 if reduced else ready > end - whole / 2
+    for when, r, gid in sorted(asked):
+        cut = when < whole / 2 if reduced else when > end - whole / 2
         for w in group_of[r]:
             if w == r:
                 continue
@@ -249,10 +250,11 @@ def _phase(fabric: Topology, demand: Demand, planes: Planes, c: int, m: int,
             lanes = free[pair]
             order = sorted(range(len(lanes)), key=lanes.__getitem__)
             for i, lane in enumerate(order[:m] if cut else order[:1]):
-                start = max(ready, lanes[lane])
+                start = lanes[lane] if reduced else max(when, lanes[lane])
                 took = piece if cut else whole
                 lanes[lane] = start + took
-                late = max(late, start + took - by)
+                if reduced:
+                    late = max(late, start + took - when)
                 lo, count = (gid * m + i, 1) if cut else (gid * m, m)
                 on = planes.lanes[pair][lane]
                 hands.append((start, took, w, r, lo, count, on, op) if reduced
@@ -266,10 +268,10 @@ def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced
            ) -> tuple[list[tuple[float, float, int, int, int, int]], list[Ask]]:
     """One plane's collective by the greedy engine on its links alone: its sends as (start,
     end, src rank, dst rank, chunk of ``c`` per shard, fabric link), and the hand-overs it
-    asks for. In
-    an AllGather a rank hands each chunk to its mates once it holds it (its own shard at
-    once); in a ReduceScatter its mates hand it their share of each chunk of the plane by
-    the time it sends the chunk on (the planes start later if the mates' links cannot)."""
+    asks for. In an AllGather a rank hands each chunk to its mates once it holds it (its own
+    shard at once); in a ReduceScatter its mates hand it their share of each chunk of the
+    plane by the time it sends the chunk on (the planes start later if the mates' links
+    cannot)."""
     from choreo.synth import SynthOptions, synthesize
 
     ranks = demand.ranks
@@ -285,8 +287,7 @@ def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced
     first = {(lk.src, lk.dst): k for k, lk in reversed(list(enumerate(fabric.links)))
              if fabric.usable(k)}
     sends = []
-    ready: dict[tuple[int, int], float] = {}  # AllGather: the chunk reaches the rank
-    by: dict[tuple[int, int], float] = {}  # ReduceScatter: the rank sends the chunk on
+    when: dict[tuple[int, int], float] = {}  # (rank, chunk): it arrives, or is sent on
     for ch, u, v, t0, t1, k in zip(plane.chunk.tolist(), plane.src.tolist(),
                                    plane.dst.tolist(), plane.start.tolist(),
                                    plane.end.tolist(), plane.link.tolist(), strict=True):
@@ -295,11 +296,13 @@ def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced
         on = links[k] if links is not None and links[k] >= 0 else first[(u, v)]
         u, v = rank_of[u], rank_of[v]
         sends.append((t0, t1, u, v, gid, on))
-        ready[(v, gid)] = max(ready.get((v, gid), 0.0), t1)
-        by[(u, gid)] = min(by.get((u, gid), t0), t0)
-    end = float(plane.end.max()) if len(plane) else 0.0
+        if reduced:  # a rank sends each chunk on once, towards its owner
+            when[(u, gid)] = t0
+        else:  # and receives each once
+            when[(v, gid)] = t1
     if not reduced:
-        ready.update(((r, r * c + j), 0.0) for r in members for j in range(c))
-        return sends, [Ask(t, t, r, gid) for (r, gid), t in ready.items()]
-    return sends, [Ask(by.get((r, gid), end), 0.0, r, gid)
+        when.update(((r, r * c + j), 0.0) for r in members for j in range(c))
+        return sends, [Ask(t, r, gid) for (r, gid), t in when.items()]
+    end = float(plane.end.max()) if len(plane) else 0.0
+    return sends, [Ask(when.get((r, gid), end), r, gid)
                    for r in members for gid in (o * c + j for o in members for j in range(c))]

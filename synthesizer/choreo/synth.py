@@ -246,19 +246,11 @@ def synthesize(
     if railed:
         return _against_rail_plan(fabric, demands, best)
     accept = opts.accept or lowerable
-    best = _against_trees(fabric, demands, best, accept) if opts.tree_packing else best
-    return _against_planes(fabric, demands, best, accept) \
-        if opts.plane_gather and opts.rail_gather else best
-
-
-def _against_planes(fabric: Topology, demands: tuple[Demand, ...], best: Schedule,
-                    accept: Callable[[Schedule], str]) -> Schedule:
-    """The faster of ``best`` and the plan composed along the fabric's planes, where that
-    applies and is accepted (``choreo.planes``), by simulated time."""
-    planned = plane_gather(fabric, demands, accept)
-    if planned is None:
-        return best
-    return planned if planned.makespan < simulate(best).makespan else best
+    if opts.tree_packing:  # the trees are skipped where they cannot beat greedy's plan
+        best = _faster(best, tree_packing(fabric, demands, beat=best.makespan, accept=accept))
+    if opts.plane_gather and opts.rail_gather:
+        best = _faster(best, plane_gather(fabric, demands, accept))
+    return best
 
 
 def _hierarchical_or_block(fabric: Topology, demands: tuple[Demand, ...],
@@ -354,16 +346,13 @@ def _against_rail_plan(fabric: Topology, demands: tuple[Demand, ...], greedy: Sc
     return min(fits, key=lambda s: greedy_s if s is greedy else s.makespan)
 
 
-def _against_trees(fabric: Topology, demands: tuple[Demand, ...], greedy: Schedule,
-                   accept: Callable[[Schedule], str]) -> Schedule:
-    """The faster of ``greedy`` and the packed broadcast trees where accepted, by simulated
-    time (the trees' times are the simulator's already). The trees are skipped against
-    greedy's planned time, which the simulated one never exceeds, so greedy is simulated
-    only when they are laid out."""
-    trees = tree_packing(fabric, demands, beat=greedy.makespan)
-    if trees is None or trees.makespan >= simulate(greedy).makespan or accept(trees):
-        return greedy
-    return trees
+def _faster(best: Schedule, fixed: Schedule | None) -> Schedule:
+    """``fixed`` (a packed-tree or plane plan the caller's runtime accepted, its times the
+    simulator's already) where it simulates faster than ``best``. ``best`` is simulated
+    only where ``fixed`` beats its planned time, which the simulated one never exceeds."""
+    if fixed is None or fixed.makespan >= best.makespan:
+        return best
+    return fixed if fixed.makespan < simulate(best).makespan else best
 
 
 _VIEWS: OrderedDict[Hashable, list[Topology]] = OrderedDict()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import highspy
@@ -36,6 +37,7 @@ import numpy as np
 
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
+from choreo.msccl.lower import lowerable
 from choreo.rates import equalized
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
@@ -306,9 +308,11 @@ def lay_out(fabric: Topology, demand: Demand, packing: Packing, chunks: int) -> 
 
 
 def tree_packing(fabric: Topology, demands: tuple[Demand, ...], deadline_s: float = 2.0,
-                 beat: float = float("inf")) -> Schedule | None:
-    """The fastest laid-out packing over a few shard cuts; None where it does not apply or
-    where no packing would beat ``beat`` seconds (another engine's time) by
+                 beat: float = float("inf"),
+                 accept: Callable[[Schedule], str] = lowerable) -> Schedule | None:
+    """The fastest laid-out packing over a few shard cuts that ``accept`` takes ("" where
+    it may run; by default where the executor can run it); None where it does not apply,
+    none is taken, or no packing would beat ``beat`` seconds (another engine's time) by
     ``LAYOUT_LOSS``: first against the cut bound (cheap; for any cut of the shards, as the
     layout cuts them finer than asked), then against the packing's own optimum before
     laying it out."""
@@ -321,5 +325,6 @@ def tree_packing(fabric: Topology, demands: tuple[Demand, ...], deadline_s: floa
     found = pack(fabric, demands[0], deadline_s)
     if found is None or found.time * (1 + LAYOUT_LOSS) >= beat:
         return None
-    laid = [lay_out(fabric, demands[0], found, c) for c in cuts]
-    return min(laid, key=lambda s: s.makespan)
+    laid = sorted((lay_out(fabric, demands[0], found, c) for c in cuts),
+                  key=lambda s: s.makespan)
+    return next((s for s in laid if not accept(s)), None)

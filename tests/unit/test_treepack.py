@@ -14,6 +14,8 @@ from choreo.collectives import Collective, Demand
 from choreo.generators import build
 from choreo.msccl import interpret
 from choreo.msccl.api import to_xml
+from choreo.msccl.lower import lowerable
+from choreo.schedule import Schedule
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, synthesize
 from choreo.topology import Link, NodeKind, Topology
@@ -64,14 +66,24 @@ def test_small_buffers_are_left_to_greedy() -> None:
     assert tree_packing(fabric, (_whole(fabric, Collective.ALLGATHER, 1 << 20),)) is None
 
 
+def _any_runtime(_schedule: Schedule) -> str:
+    return ""  # the layout's correctness, whatever a runtime's limits
+
+
 @pytest.mark.parametrize("collective", GATHERS)
 def test_a_degraded_fabric_still_gets_verified_trees(collective: Collective) -> None:
+    """Verified trees around a failed GCD and link; their programs take more steps than the
+    executor's 64 a threadblock in 32 channels at every cut, so they are not what ships:
+    ``synthesize`` keeps one the executor runs."""
     fabric = fail_links(fail_npus(build("mi250"), [3]), [(0, 2)])
     demand = _whole(fabric, collective)
-    s = tree_packing(fabric, (demand,))
+    s = tree_packing(fabric, (demand,), accept=_any_runtime)
     assert s is not None
     assert verify(s).ok, verify(s).summary()
     assert 3 not in set(s.src.tolist()) | set(s.dst.tolist())
+    assert lowerable(s) != "" and tree_packing(fabric, (demand,)) is None
+    shipped = synthesize(fabric, [demand])
+    assert lowerable(shipped) == "" and verify(shipped).ok
 
 
 @pytest.mark.parametrize("collective", GATHERS)
@@ -120,7 +132,7 @@ def _fabrics(draw: st.DrawFn) -> Topology:
 def test_random_fabrics_get_verified_trees_no_faster_than_the_bound(
         fabric: Topology, collective: Collective) -> None:
     demand = _whole(fabric, collective)
-    s = tree_packing(fabric, (demand,))
+    s = tree_packing(fabric, (demand,), accept=_any_runtime)
     assert s is not None
     assert verify(s).ok, verify(s).summary()
     bound = lower_bound(fabric, demand, whole_chunks=False).value_s
