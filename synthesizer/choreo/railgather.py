@@ -149,8 +149,9 @@ class Shape:
     rail; the own shard leaves on the rail in pieces (the relayed chunks, then the rest in
     ``split`` parts), and the last rail rounds of the last piece in pieces that shrink by
     ``taper`` down to ``tail`` chunks (in each of the last ``rounds`` rounds, or across
-    rounds where that is 0). In a ReduceScatter (the plan inverted) a piece goes to the
-    mates before it leaves on the rail, or where ``late`` (all but the last piece) after."""
+    rounds where that is 0), or where ``cuts`` are given (``paced_cuts``, the last first)
+    in those. In a ReduceScatter (the plan inverted) a piece goes to the mates before it
+    leaves on the rail, or where ``late`` (all but the last piece) after."""
 
     chunks: int
     relay: int
@@ -159,6 +160,7 @@ class Shape:
     late: bool = False
     taper: float = 0.5
     rounds: int = 0
+    cuts: tuple[int, ...] = ()
 
     @property
     def pieces(self) -> tuple[tuple[int, int], ...]:
@@ -176,6 +178,8 @@ class Shape:
         rounds, or across rounds until a whole one where ``rounds`` is 0): a piece arrives
         while the one before it is copied to the mates, so the copies end soon after the
         last arrival."""
+        if cut and self.cuts:
+            return self._cut_units(hosts, lo, hi)
         units: list[tuple[int, int, int]] = []
         size, k, at = self.tail, hosts - 1, hi
         while cut and self.tail and k >= 1 and not (at == hi and size >= hi - lo):
@@ -187,6 +191,19 @@ class Shape:
             k, at = (k - 1, hi) if first == lo else (k, first)
             if self.rounds and at == hi:
                 size = self.tail
+        units += [(j, lo, at if j == k else hi) for j in range(k, 0, -1) if at > lo or j < k]
+        return units[::-1]
+
+    def _cut_units(self, hosts: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """``rail_units`` with the last pieces as ``cuts`` says, each within its round."""
+        units: list[tuple[int, int, int]] = []
+        k, at = hosts - 1, hi
+        for size in self.cuts:
+            if k < 1:
+                break
+            first = max(lo, at - size)
+            units.append((k, first, at))
+            k, at = (k - 1, hi) if first == lo else (k, first)
         units += [(j, lo, at if j == k else hi) for j in range(k, 0, -1) if at > lo or j < k]
         return units[::-1]
 
@@ -281,6 +298,44 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     return _Estimate(nvl, nic, max(t, u), copies + len(nic))
 
 
+def paced_cuts(chunks: int, hosts: int, mates: int, cb: float, host: Hop, rail: Hop,
+               lag: float) -> tuple[int, ...]:
+    """The last rail pieces of a piece of ``chunks`` chunks (of ``cb`` bytes each), the last
+    first, such that the NVSwitch port ends at most ``lag`` after the last arrival. The NIC
+    and the port are a two-stage flow shop: each piece is forwarded to the mates while the
+    next arrives, so from the end backwards each piece may take the port as long as
+    ``lag`` and whatever the NIC took longer than the port on the pieces after it. Small
+    pieces lose to the port's per-send latency, so the last ones are no smaller than
+    needed, and they grow back to whole rounds as the NIC's lead builds up. Empty where
+    the port keeps pace with whole rounds, or where at ``lag`` the pieces would never grow
+    (the port is slower than the NIC at their size)."""
+    def nic(x: int) -> float:
+        return rail.time(x * cb)
+
+    def port(x: int) -> float:
+        return (mates - 1) * host.time(x * cb)
+
+    cuts: list[int] = []
+    lead, left = 0.0, chunks  # the NIC's lead over the port so far; the round's chunks left
+    while len(cuts) < (hosts - 1) * chunks:
+        allowed = int(((lag + lead) / (mates - 1) - host.alpha) / (cb * host.beta))
+        if allowed >= chunks and left == chunks:
+            return tuple(cuts)
+        if allowed < 1 or (allowed < chunks and nic(allowed) <= port(allowed)):
+            return ()
+        x = min(allowed, left)
+        cuts.append(x)
+        lead += nic(x) - port(x)
+        left = left - x or chunks
+    return tuple(cuts)
+
+
+# The port's lags ``search`` paces the last rail pieces for (in a whole piece's time on the
+# port), on the ways (chunks, relayed chunks, split) whose other tails estimated fastest
+LAGS = tuple(k / 64 for k in range(1, 49))
+PACED_WAYS = 4
+
+
 def chunk_choices(shard: float, rail: Hop, choices: Sequence[int] = CHUNK_CHOICES
                   ) -> list[int]:
     """``choices`` but those whose chunks cross a rail in less time than a send's latency
@@ -305,26 +360,40 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     best: tuple[float, Shape] = (float("inf"), Shape(1, 0, 0))
     fitting: tuple[float, Shape] | None = None
     seen: set[tuple[object, ...]] = set()  # tails that cut the same pieces are one candidate
+    tried: dict[tuple[int, int, int, bool], float] = {}  # each way's fastest estimate
+
+    def consider(shape: Shape) -> None:
+        nonlocal best, fitting
+        lo, hi = shape.pieces[-1]
+        key = (shape.chunks, shape.relay, shape.split, shape.late,
+               tuple(shape.rail_units(hosts, lo, hi)))
+        if key in seen:
+            return
+        seen.add(key)
+        est = estimate(shape, mates, hosts, shard, host, rail, reduced, record=False)
+        way = key[:4]
+        tried[way] = min(tried.get(way, est.end), est.end)
+        if est.end < best[0] * (1 - 1e-9):
+            best = (est.end, shape)
+        if 2 * mates * est.sends <= steps and (
+                fitting is None or est.end < fitting[0] * (1 - 1e-9)):
+            fitting = (est.end, shape)
+
     for c in chunk_choices(shard, rail, choices):
         relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)} if relayed else {0}
         for r in sorted(relays):
             for split in (k for k in SPLITS if k <= c - r):
                 for tail, taper, rounds in TAILS:
-                    cut = Shape(c, r, tail, split, False, taper, rounds)
-                    lo, hi = cut.pieces[-1]
-                    key = (c, r, split, tuple(cut.rail_units(hosts, lo, hi)))
-                    if key in seen:
-                        continue
-                    seen.add(key)
                     for late in (False, True) if reduced and not r and split > 1 else (False,):
-                        shape = replace(cut, late=late)
-                        est = estimate(shape, mates, hosts, shard, host, rail, reduced,
-                                       record=False)
-                        if est.end < best[0] * (1 - 1e-9):
-                            best = (est.end, shape)
-                        if 2 * mates * est.sends <= steps and (
-                                fitting is None or est.end < fitting[0] * (1 - 1e-9)):
-                            fitting = (est.end, shape)
+                        consider(Shape(c, r, tail, split, late, taper, rounds))
+    # The fastest few ways, with their last pieces paced by the ports instead
+    for c, r, split, late in sorted(tried, key=tried.__getitem__)[:PACED_WAYS]:
+        lo, hi = Shape(c, r, 0, split).pieces[-1]
+        whole = (mates - 1) * host.time(shard / c * (hi - lo))
+        for lag in LAGS:
+            paced = paced_cuts(hi - lo, hosts, mates, shard / c, host, rail, lag * whole)
+            if paced:
+                consider(Shape(c, r, 0, split, late, cuts=paced))
     return fitting or best
 
 
