@@ -258,7 +258,11 @@ def test_device_failure_resynthesizes_around_the_gpu_and_resolving_restores(
                               lambda s: s if s.get("configMap") == before["configMap"]
                               and s.get("phase") == "Ready" else None, timeout=60)
     assert restored["ranks"] == 8
-    assert st.job("tb")["status"]["configMap"] in (untouched, st.job("tb")["status"]["configMap"])
+    # The group's inputs are the original ones again, so the tenant that shares its links
+    # gets its original schedule back too (published after ``ta``'s, so waited for).
+    st.wait_status("tb", "its original schedule back",
+                   lambda s: s if s.get("configMap") == untouched
+                   and s.get("phase") == "Ready" else None, timeout=60)
     # The original schedule stayed while replaced, so it came back without a write; the one it
     # replaced in turn stays for the window, then goes (no pod mounts it).
     maps = st.configmaps("ta")
