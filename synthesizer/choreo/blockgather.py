@@ -41,7 +41,15 @@ from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.hierarchy import MAX_HOST_STEPS, Hop, radices
 from choreo.msccl.layout import MAX_CNT
-from choreo.railgather import hops, in_sequence, lay_out, phase, rail_layout
+from choreo.railgather import (
+    LAGS,
+    hops,
+    in_sequence,
+    lay_out,
+    paced_cuts,
+    phase,
+    rail_layout,
+)
 from choreo.schedule import Schedule
 from choreo.topology import Topology
 
@@ -80,11 +88,35 @@ def block_layout(fabric: Topology, demand: Demand) -> list[list[int]] | None:
 @dataclass(frozen=True)
 class Level:
     """One doubling level: its radix, the hosts per group before it, and how many
-    sub-pieces each piece goes in."""
+    sub-pieces each piece goes in; ``tail``: the last rail sends of its last turns instead,
+    paced by both ports (``railgather.paced_cuts``, the last first)."""
 
     radix: int
     group: int
     subs: int
+    tail: tuple[int, ...] = ()
+
+    def turns(self, chunks: int) -> list[list[tuple[int, int]]]:
+        """Each turn's rail sends of the piece, in order: (first chunk, chunks). The turns
+        the tail reaches end in its pieces, and what it leaves of a turn goes in sub-pieces
+        in proportion."""
+        piece = self.group * chunks
+        turns = [_cuts(0, piece, self.subs) for _ in range(self.radix - 1)]
+        k, at = self.radix - 2, piece
+        ends: list[tuple[int, int]] = []
+        for size in self.tail:
+            if k < 0:
+                break
+            first = max(0, at - size)
+            ends.append((first, at - first))
+            if first == 0:
+                turns[k] = ends[::-1]
+                ends, k, at = [], k - 1, piece
+            else:
+                at = first
+        if k >= 0 and ends:
+            turns[k] = _cuts(0, at, max(1, round(self.subs * at / piece))) + ends[::-1]
+        return turns
 
 
 def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: Hop,
@@ -172,8 +204,8 @@ def host_steps(levels_: Sequence[Level], mates: int, chunks: int) -> int:
     where a rail send goes around the sender's own shard."""
     sends = mates - 1
     for lv in levels_:
-        pieces = _cuts(0, lv.group * chunks, lv.subs)
-        sends += (lv.radix - 1) * sum(math.ceil(size / MAX_CNT) for _, size in pieces) * mates + 2
+        sends += sum(math.ceil(size / MAX_CNT) for turn in lv.turns(chunks)
+                     for _, size in turn) * mates + 2
     return 2 * mates * sends
 
 
@@ -213,8 +245,8 @@ def timeline(levels_: Sequence[Level], mates: int, chunks: int, shard: float, ho
     for k, lv in enumerate(levels_):
         rail_free = start
         arrivals = []
-        for turn in range(1, lv.radix):
-            for lo, size in _cuts(0, lv.group * chunks, lv.subs):
+        for turn, pieces in enumerate(lv.turns(chunks), start=1):
+            for lo, size in pieces:
                 secs = rail.time(size * cb)
                 sends.append(Send(rail_free, secs, k, turn, True, 0, lo, size))
                 arrivals.append((rail_free + secs, turn, lo, size))
@@ -420,8 +452,38 @@ def _timeline_of(demand: Demand, hosts: list[list[int]], host: Hop, rail: Hop,
     lvs = levels(len(hosts), mates, c, shard, host, rail, demand.n, reduced, budget)
     if host_steps(lvs, mates, c) > budget:
         lvs = levels(len(hosts), mates, c, shard, host, rail, demand.n, reduced)
+    if not reduced:
+        lvs = _paced_top(lvs, mates, c, shard, host, rail, demand.n,
+                         max(budget, host_steps(lvs, mates, c)))
     sends, end = timeline(lvs, mates, c, shard, host, rail)
     return lvs, sends, end
+
+
+def _paced_top(lvs: list[Level], mates: int, chunks: int, shard: float, host: Hop, rail: Hop,
+               ranks: int, max_steps: int) -> list[Level]:
+    """The levels with the top level's last rail sends paced by both ports where that ends
+    the estimate sooner (``railgather.paced_cuts``: the forwards of the last arrival are
+    what the plan ends with), within ``MAX_TRANSFERS`` and ``max_steps``. Not for a
+    ReduceScatter, whose sub-pieces must nest."""
+    top = lvs[-1]
+    piece = top.group * chunks
+    whole = (mates - 1) * host.time(piece * shard / chunks)
+    best, end = lvs, timeline(lvs, mates, chunks, shard, host, rail)[1]
+    seen: set[tuple[int, ...]] = set()
+    for lag in LAGS:
+        tail = paced_cuts(piece, top.radix, mates, shard / chunks, host, rail, lag * whole)
+        if not tail or tail in seen:
+            continue
+        seen.add(tail)
+        paced = [*lvs[:-1], replace(top, tail=tail)]
+        sends = sum(len(turn) for lv in paced for turn in lv.turns(chunks))
+        if ranks * (mates - 1 + sends * mates) > MAX_TRANSFERS or \
+                host_steps(paced, mates, chunks) > max_steps:
+            continue
+        t = timeline(paced, mates, chunks, shard, host, rail)[1]
+        if t < end * (1 - 1e-9):
+            best, end = paced, t
+    return best
 
 
 def block_gather(fabric: Topology, demands: Sequence[Demand],

@@ -317,16 +317,19 @@ def paced_cuts(chunks: int, hosts: int, mates: int, cb: float, host: Hop, rail: 
 
     cuts: list[int] = []
     lead, left = 0.0, chunks  # the NIC's lead over the port so far; the round's chunks left
-    while len(cuts) < (hosts - 1) * chunks:
+    rounds = hosts - 1
+    while rounds:
         allowed = int(((lag + lead) / (mates - 1) - host.alpha) / (cb * host.beta))
         if allowed >= chunks and left == chunks:
-            return tuple(cuts)
+            break
         if allowed < 1 or (allowed < chunks and nic(allowed) <= port(allowed)):
             return ()
         x = min(allowed, left)
         cuts.append(x)
         lead += nic(x) - port(x)
-        left = left - x or chunks
+        left -= x
+        if not left:
+            rounds, left = rounds - 1, chunks
     return tuple(cuts)
 
 
