@@ -224,9 +224,10 @@ def _phase(fabric: Topology, demand: Demand, planes: Planes, c: int, m: int,
     ReduceScatter, it is cut in one piece per link: nothing overlaps those hand-overs.
     Cutting them all ends no sooner and takes as many more steps as there are links."""
     shard = demand.size / demand.n
-    lane_link = fabric.links[next(iter(planes.lanes.values()))[0]]
-    whole = lane_link.alpha + shard / c / lane_link.bandwidth
-    piece = lane_link.alpha + shard / (c * m) / lane_link.bandwidth
+    lanes_ = [fabric.links[k] for ks in planes.lanes.values() for k in ks]
+    alpha, bandwidth = max(lk.alpha for lk in lanes_), min(lk.bandwidth for lk in lanes_)
+    whole = alpha + shard / c / bandwidth
+    piece = alpha + shard / (c * m) / bandwidth
     op = int(Op.REDUCE if reduced else Op.COPY)
     rows: list[tuple[float, ...]] = []
     asked: list[Ask] = []
