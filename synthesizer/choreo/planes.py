@@ -32,6 +32,7 @@ import numpy as np
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError
 from choreo.msccl.lower import lowerable
+from choreo.rates import equalized
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
 from choreo.topology import Topology
@@ -224,10 +225,19 @@ def _phase(fabric: Topology, demand: Demand, planes: Planes, c: int, m: int,
     ReduceScatter, it is cut in one piece per link: nothing overlaps those hand-overs.
     Cutting them all ends no sooner and takes as many more steps as there are links."""
     shard = demand.size / demand.n
-    lanes_ = [fabric.links[k] for ks in planes.lanes.values() for k in ks]
-    alpha, bandwidth = max(lk.alpha for lk in lanes_), min(lk.bandwidth for lk in lanes_)
-    whole = alpha + shard / c / bandwidth
-    piece = alpha + shard / (c * m) / bandwidth
+    # Each lane at its rate as the planes' greedy plans rates (``rates.equalized``: measured
+    # a little apart, the lanes are timed at the slowest of them; a lane timed fast would
+    # hand over late to the plane send that waits for it)
+    lane_ids = sorted({k for ks in planes.lanes.values() for k in ks})
+    alphas = equalized(np.array([fabric.links[k].alpha for k in lane_ids]), up=True)
+    rates = equalized(np.array([fabric.links[k].bandwidth for k in lane_ids]), up=False)
+    cost = {k: (float(a), float(b)) for k, a, b in zip(lane_ids, alphas, rates, strict=True)}
+
+    def took(k: int, cut: bool) -> float:
+        alpha, bandwidth = cost[k]
+        return alpha + shard / (c * m if cut else c) / bandwidth
+
+    whole = max(took(k, False) for k in lane_ids)
     op = int(Op.REDUCE if reduced else Op.COPY)
     rows: list[tuple[float, ...]] = []
     asked: list[Ask] = []
@@ -251,15 +261,15 @@ def _phase(fabric: Topology, demand: Demand, planes: Planes, c: int, m: int,
             lanes = free[pair]
             order = sorted(range(len(lanes)), key=lanes.__getitem__)
             for i, lane in enumerate(order[:m] if cut else order[:1]):
-                start = lanes[lane] if reduced else max(when, lanes[lane])
-                took = piece if cut else whole
-                lanes[lane] = start + took
-                if reduced:
-                    late = max(late, start + took - when)
-                lo, count = (gid * m + i, 1) if cut else (gid * m, m)
                 on = planes.lanes[pair][lane]
-                hands.append((start, took, w, r, lo, count, on, op) if reduced
-                             else (start, took, r, w, lo, count, on, op))
+                start = lanes[lane] if reduced else max(when, lanes[lane])
+                seconds = took(on, cut)
+                lanes[lane] = start + seconds
+                if reduced:
+                    late = max(late, start + seconds - when)
+                lo, count = (gid * m + i, 1) if cut else (gid * m, m)
+                hands.append((start, seconds, w, r, lo, count, on, op) if reduced
+                             else (start, seconds, r, w, lo, count, on, op))
     if reduced:
         rows = [(t0 + late, *rest) for t0, *rest in rows]
     return rows + hands
