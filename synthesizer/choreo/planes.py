@@ -32,7 +32,7 @@ import numpy as np
 from choreo.collectives import Collective, Demand
 from choreo.errors import InfeasibleError
 from choreo.msccl.lower import lowerable
-from choreo.rates import equalized
+from choreo.rates import planned_costs
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
 from choreo.topology import Topology
@@ -117,11 +117,11 @@ def _widest(pair: dict[tuple[int, int], list[int]], fabric: Topology
     GB/s, its plane links 43-57 GB/s)."""
     if not pair:
         return None
-    keys = sorted(pair, key=lambda p: -sum(fabric.links[k].bandwidth for k in pair[p]))
-    width = [sum(fabric.links[k].bandwidth for k in pair[p]) for p in keys]
-    ratio, cut = max(((width[i] / width[i + 1], i + 1) for i in range(len(width) - 1)),
-                     default=(1.0, len(width)))
-    return set(keys[:cut]) if ratio >= GROUP_GAP else None
+    widths = sorted(((sum(fabric.links[k].bandwidth for k in ks), p) for p, ks in pair.items()),
+                    reverse=True)
+    ratio, cut = max(((widths[i][0] / widths[i + 1][0], i + 1) for i in range(len(widths) - 1)),
+                     default=(1.0, len(widths)))
+    return {p for _, p in widths[:cut]} if ratio >= GROUP_GAP else None
 
 
 def _components(nodes: list[int], edges: set[tuple[int, int]]) -> list[list[int]]:
@@ -225,13 +225,12 @@ def _phase(fabric: Topology, demand: Demand, planes: Planes, c: int, m: int,
     ReduceScatter, it is cut in one piece per link: nothing overlaps those hand-overs.
     Cutting them all ends no sooner and takes as many more steps as there are links."""
     shard = demand.size / demand.n
-    # Each lane at its rate as the planes' greedy plans rates (``rates.equalized``: measured
+    # Each lane at its rate as the planes' greedy plans rates (``rates.planned_costs``: measured
     # a little apart, the lanes are timed at the slowest of them; a lane timed fast would
     # hand over late to the plane send that waits for it)
     lane_ids = sorted({k for ks in planes.lanes.values() for k in ks})
-    alphas = equalized(np.array([fabric.links[k].alpha for k in lane_ids]), up=True)
-    rates = equalized(np.array([fabric.links[k].bandwidth for k in lane_ids]), up=False)
-    cost = {k: (float(a), float(b)) for k, a, b in zip(lane_ids, alphas, rates, strict=True)}
+    cost = dict(zip(lane_ids, zip(*(v.tolist() for v in planned_costs(fabric, lane_ids)),
+                                  strict=True), strict=True))
 
     def took(k: int, cut: bool) -> float:
         alpha, bandwidth = cost[k]
@@ -292,11 +291,17 @@ def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced
     plane = synthesize(fabric, [sub], SynthOptions(relay=False, rail_gather=False,
                                                     tree_packing=False, plane_gather=False))
     rank_of = {ranks[r]: r for r in members}
-    # a switchless fabric's view is the fabric's own links; where not, each pair's first
-    links = [k if plane.topology.links[k] == fabric.links[k] else -1 for k in range(
-        len(plane.topology.links))] if len(plane.topology.links) == len(fabric.links) else None
+    # the tenant's view of a switchless fabric keeps its link indices; a send on one that
+    # does not join its ends in the fabric takes the pair's first link
     first = {(lk.src, lk.dst): k for k, lk in reversed(list(enumerate(fabric.links)))
              if fabric.usable(k)}
+
+    def fabric_link(k: int, u: int, v: int) -> int:
+        if k < len(fabric.links) and fabric.usable(k) and \
+                (fabric.links[k].src, fabric.links[k].dst) == (u, v):
+            return k
+        return first[(u, v)]
+
     sends = []
     when: dict[tuple[int, int], float] = {}  # (rank, chunk): it arrives, or is sent on
     for ch, u, v, t0, t1, k in zip(plane.chunk.tolist(), plane.src.tolist(),
@@ -304,7 +309,7 @@ def _plane(fabric: Topology, demand: Demand, members: list[int], c: int, reduced
                                    plane.end.tolist(), plane.link.tolist(), strict=True):
         origin, j = divmod(ch, c)
         gid = members[origin] * c + j
-        on = links[k] if links is not None and links[k] >= 0 else first[(u, v)]
+        on = fabric_link(k, u, v)
         u, v = rank_of[u], rank_of[v]
         sends.append((t0, t1, u, v, gid, on))
         if reduced:  # a rank sends each chunk on once, towards its owner

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from choreo.topology import Topology
 
 EQUAL_WITHIN = 0.05  # link alphas or bandwidths this close to the next are planned as equal
 EQUAL_SPAN = 0.40  # ... up to this far from the group's smallest (the most a plan can give up)
@@ -33,3 +39,12 @@ def equalized(values: np.ndarray, up: bool, tolerance: float = EQUAL_WITHIN,
             slowest[group_start:k] = distinct[k - 1] if up else distinct[group_start]
             group_start = k
     return slowest[index.reshape(values.shape)]
+
+
+def planned_costs(topology: Topology, links: Sequence[int] | np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The alphas and bandwidths of ``links`` as plans take them: ``equalized``, each at the
+    slowest of its near-equal group."""
+    ids = np.asarray(links, dtype=np.int64)
+    cols = topology.columns
+    return equalized(cols.alpha[ids], up=True), equalized(cols.bandwidth[ids], up=False)

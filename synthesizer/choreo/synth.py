@@ -44,7 +44,7 @@ from choreo.hierarchy import (
 from choreo.msccl.lower import lowerable
 from choreo.planes import plane_gather
 from choreo.railgather import hops, plans, rail_gather, rail_layout
-from choreo.rates import equalized
+from choreo.rates import planned_costs
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
 from choreo.topology import Link, Topology
@@ -575,11 +575,10 @@ def _run(topology: Topology, usable: np.ndarray, demands: tuple[Demand, ...], ch
     holder_ptr = np.concatenate([[0], np.cumsum(chunks.column(2))]).astype(np.uint64)
     target_ptr = np.concatenate([[0], np.cumsum(chunks.column(5))]).astype(np.uint64)
     seeds = [opts.seed * 1000003 + i for i in range(max(1, opts.restarts))]
+    alpha, bandwidth = planned_costs(topology, usable)
     try:
         plan: dict | None = choreo_engine.greedy(
-            topology.num_nodes, src, dst,
-            equalized(np.array([links[i].alpha for i in usable]), up=True),
-            equalized(np.array([links[i].bandwidth for i in usable]), up=False),
+            topology.num_nodes, src, dst, alpha, bandwidth,
             np.ascontiguousarray(link_free[usable], dtype=np.float64),
             np.array([d.chunk_bytes for d in demands], dtype=np.float64),
             np.array([weights.index(d.weight) for d in demands], dtype=np.uint32),

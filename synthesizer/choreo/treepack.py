@@ -38,7 +38,7 @@ import numpy as np
 from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.msccl.lower import lowerable
-from choreo.rates import equalized
+from choreo.rates import planned_costs
 from choreo.schedule import Op, Schedule
 from choreo.simulate import simulate
 from choreo.teccl.highs import solver
@@ -112,8 +112,7 @@ def bundles(fabric: Topology, ranks: tuple[int, ...], reverse: bool) -> Bundles:
     index = {v: i for i, v in enumerate(ranks)}
     usable = [i for i, lk in enumerate(fabric.links)
               if lk.src in index and lk.dst in index and lk.src != lk.dst and fabric.usable(i)]
-    alpha = equalized(np.array([fabric.links[i].alpha for i in usable]), up=True)
-    bandwidth = equalized(np.array([fabric.links[i].bandwidth for i in usable]), up=False)
+    alpha, bandwidth = planned_costs(fabric, usable)
     groups: dict[tuple[int, int, float, float], list[int]] = {}
     for i, a, bw in zip(usable, alpha.tolist(), bandwidth.tolist(), strict=True):
         lk = fabric.links[i]
