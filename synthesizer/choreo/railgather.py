@@ -151,7 +151,8 @@ class Shape:
     ``taper`` down to ``tail`` chunks (in each of the last ``rounds`` rounds, or across
     rounds where that is 0), or where ``cuts`` are given (``paced_cuts``, the last first)
     in those. In a ReduceScatter (the plan inverted) a piece goes to the mates before it
-    leaves on the rail, or where ``late`` (all but the last piece) after."""
+    leaves on the rail, or where ``late`` (all but the last piece) after, or where
+    ``between`` between its first two rail rounds, which alone are cut into the pieces."""
 
     chunks: int
     relay: int
@@ -161,6 +162,7 @@ class Shape:
     taper: float = 0.5
     rounds: int = 0
     cuts: tuple[int, ...] = ()
+    between: bool = False
 
     @property
     def pieces(self) -> tuple[tuple[int, int], ...]:
@@ -224,22 +226,25 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
              reduced: bool = True, record: bool = True) -> _Estimate:
     """Start of every send of one GPU, its NVSwitch port and NIC each serving its sends one
     at a time in plan order: a forward waits for its arrival, a relayed send for the mate's
-    copy (every GPU sends its ``turn``-th copy to the mate ``turn`` places on), and where
-    the plan is ``reduced`` (a ReduceScatter, the plan inverted) a piece of the own shard
-    leaves on the rail once the mates have it: inverted, a GPU cannot reduce the same chunks
-    from its mates and from its rail at once (MSCCL adds them into one buffer), and the
-    NIC sends the mates' relayed chunks while it waits, where they fit. Without
-    ``record`` only the end is estimated (the sends lists stay empty), for the search."""
+    copy (every GPU sends its ``turn``-th copy to the mate ``turn`` places on). Where the
+    plan is ``reduced`` (a ReduceScatter, the plan inverted) no two sends of the same own
+    chunks overlap: inverted, each adds into the one buffer MSCCL holds them in, so they
+    run one after another. A piece of the own shard then leaves on the rail once the mates
+    have it (the NIC sends the mates' relayed chunks while it waits, where they fit), or,
+    ``between``, goes to the mates between its first two rail rounds, the port's forwards
+    filling around those copies. Without ``record`` only the end is estimated (the sends
+    lists stay empty), for the search."""
     cb = shard / shape.chunks
     pieces = shape.pieces
+    between = reduced and shape.between and not shape.relay and len(pieces) > 1
     # A ReduceScatter's own pieces go to the mates before they leave on the rail; without
     # relayed chunks all but the last go after, so the NIC starts at once.
-    late = reduced and shape.late and not shape.relay and len(pieces) > 1
+    late = reduced and shape.late and not shape.relay and len(pieces) > 1 and not between
     nvl: list[tuple[float, int, int, int, int]] = []
     t = 0.0
     copied = {}  # turn -> when the mate ``turn`` places back had copied its relayed chunks here
     done = []  # when the mates have each piece of the own shard
-    for lo, hi in pieces[-1:] if late else pieces:
+    for lo, hi in () if between else pieces[-1:] if late else pieces:
         for turn in range(1, mates):
             nvl.append((t, turn, lo, hi, 0))
             t += host.time((hi - lo) * cb)
@@ -248,7 +253,8 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
         done.append(t)
     nic: list[tuple[float, int, int, int, int]] = []
     u = 0.0
-    arrivals = []  # (when, rail round or 0 for an own piece sent late, first chunk, end)
+    # (when, rail round or 0 for an own piece sent late, first chunk, end)
+    arrivals: list[tuple[float, int, int, int]] = []
     last = len(pieces) - 1
     relays = collections.deque((turn, k) for turn in sorted(copied, key=lambda j: copied[j])
                                for k in range(1, hosts))
@@ -263,7 +269,10 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             nic.append((u, k, 0, shape.relay, turn))
             u += rail.time(shape.relay * cb)
 
-    for i, (lo, hi) in enumerate(pieces):
+    busy: list[tuple[float, float]] = []  # the port's copies of the own pieces (``between``)
+    if between:
+        t, u = _between(shape, mates, hosts, cb, host, rail, nvl, nic, arrivals, busy)
+    for i, (lo, hi) in enumerate(() if between else pieces):
         if reduced and not late:  # the NIC waits for the piece's copies: relay meanwhile
             relay(done[i])
         if reduced and (not late or i == last):
@@ -276,6 +285,8 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             arrivals.append((u, 0, lo, hi))
     relay(float("inf"))
     copies = len(nvl)
+    end = t
+    t = 0.0 if between else t
     # Forward the unrelayed part of what came. A piece that has arrived by the time the
     # NVSwitch port is free joins the one before it where it continues it (same round, next
     # chunks): a port that falls behind pays one send's latency for both, not one a piece.
@@ -289,13 +300,60 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             hi = came[i][3]
             i += 1
         copies += mates - 1
+        length = (mates - 1) * host.time((hi - lo) * cb)
+        for busy_from, busy_to in busy:  # around the copies of the own pieces
+            if t < busy_to and busy_from < t + length:
+                t = busy_to
         if not record:
-            t += (mates - 1) * host.time((hi - lo) * cb)
+            t += length
             continue
         for turn in range(1, mates):
             nvl.append((t, turn, lo, hi, -k))
             t += host.time((hi - lo) * cb)
-    return _Estimate(nvl, nic, max(t, u), copies + len(nic))
+    if between:
+        nvl.sort()
+    return _Estimate(nvl, nic, max(t, u, end), copies + len(nic))
+
+
+def _between(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, rail: Hop,
+             nvl: list[tuple[float, int, int, int, int]],
+             nic: list[tuple[float, int, int, int, int]],
+             arrivals: list[tuple[float, int, int, int]],
+             busy: list[tuple[float, float]]) -> tuple[float, float]:
+    """``estimate``'s own shard where its pieces go to the mates between their first two
+    rail rounds (a ReduceScatter's, so no two sends of a chunk overlap): the whole shard
+    leaves on the rail at once, its first two rounds cut into the pieces; each piece's
+    copies follow its first round on the port, and its second round waits for them. Fills
+    ``nvl`` with the copies, ``busy`` with their spans, ``nic`` and ``arrivals``; returns
+    when the port's copies and the NIC end."""
+    edges = sorted({lo for lo, _ in shape.pieces})
+    units: list[tuple[int, int, int]] = []
+    for k, a, b in shape.rail_units(hosts, 0, shape.chunks):
+        cuts = [a, *(e for e in edges if a < e < b), b] if k <= 2 else [a, b]
+        units += [(k, x, y) for x, y in itertools.pairwise(cuts)]
+    first = [unit for unit in units if unit[0] == 1]
+    u = 0.0
+    for k, a, b in first:
+        nic.append((u, k, a, b, 0))
+        u += rail.time((b - a) * cb)
+        arrivals.append((u, k, a, b))
+    t = 0.0
+    ready: list[tuple[float, int, int]] = []  # (copies done, first chunk, end) per piece
+    for lo, hi in shape.pieces:
+        sent = max(when for when, k, a, b in arrivals if a < hi and lo < b)
+        t = start = max(t, sent)
+        for turn in range(1, mates):
+            nvl.append((t, turn, lo, hi, 0))
+            t += host.time((hi - lo) * cb)
+        busy.append((start, t))
+        ready.append((t, lo, hi))
+    for k, a, b in units[len(first):]:
+        if k == 2:
+            u = max(u, *(when for when, lo, hi in ready if lo < b and a < hi))
+        nic.append((u, k, a, b, 0))
+        u += rail.time((b - a) * cb)
+        arrivals.append((u, k, a, b))
+    return t, u
 
 
 def paced_cuts(chunks: int, hosts: int, mates: int, cb: float, host: Hop, rail: Hop,
@@ -363,18 +421,18 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     best: tuple[float, Shape] = (float("inf"), Shape(1, 0, 0))
     fitting: tuple[float, Shape] | None = None
     seen: set[tuple[object, ...]] = set()  # tails that cut the same pieces are one candidate
-    tried: dict[tuple[int, int, int, bool], float] = {}  # each way's fastest estimate
+    tried: dict[tuple[int, int, int, bool, bool], float] = {}  # each way's fastest estimate
 
     def consider(shape: Shape) -> None:
         nonlocal best, fitting
-        lo, hi = shape.pieces[-1]
-        key = (shape.chunks, shape.relay, shape.split, shape.late,
+        lo, hi = _tailed(shape)
+        key = (shape.chunks, shape.relay, shape.split, shape.late, shape.between,
                tuple(shape.rail_units(hosts, lo, hi)))
         if key in seen:
             return
         seen.add(key)
         est = estimate(shape, mates, hosts, shard, host, rail, reduced, record=False)
-        way = key[:4]
+        way = key[:5]
         tried[way] = min(tried.get(way, est.end), est.end)
         if est.end < best[0] * (1 - 1e-9):
             best = (est.end, shape)
@@ -386,18 +444,28 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
         relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)} if relayed else {0}
         for r in sorted(relays):
             for split in (k for k in SPLITS if k <= c - r):
+                # a ReduceScatter's own pieces: to the mates first, after (late), or between
+                # their first two rounds (not under a spine, whose rounds forward)
+                ways = ((False, False), (True, False), (False, True)) if (
+                    reduced and not r and split > 1) else ((False, False),)
                 for tail, taper, rounds in TAILS:
-                    for late in (False, True) if reduced and not r and split > 1 else (False,):
-                        consider(Shape(c, r, tail, split, late, taper, rounds))
+                    for late, between in ways[:3 if relayed else 2]:
+                        consider(Shape(c, r, tail, split, late, taper, rounds, between=between))
     # The fastest few ways, with their last pieces paced by the ports instead
-    for c, r, split, late in sorted(tried, key=tried.__getitem__)[:PACED_WAYS]:
-        lo, hi = Shape(c, r, 0, split).pieces[-1]
+    for c, r, split, late, between in sorted(tried, key=tried.__getitem__)[:PACED_WAYS]:
+        lo, hi = _tailed(Shape(c, r, 0, split, between=between))
         whole = (mates - 1) * host.time(shard / c * (hi - lo))
         for lag in LAGS:
             paced = paced_cuts(hi - lo, hosts, mates, shard / c, host, rail, lag * whole)
             if paced:
-                consider(Shape(c, r, 0, split, late, cuts=paced))
+                consider(Shape(c, r, 0, split, late, cuts=paced, between=between))
     return fitting or best
+
+
+def _tailed(shape: Shape) -> tuple[int, int]:
+    """The chunks whose last rail rounds the tail cuts: the own shard's last piece, or the
+    whole shard where its pieces part only for their first two rounds (``between``)."""
+    return (0, shape.chunks) if shape.between else shape.pieces[-1]
 
 
 # A place's send in one rail round under a spine, all relative to the sender ``(b, i)``
