@@ -38,7 +38,7 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -222,6 +222,47 @@ class _Estimate:
     sends: int  # of one GPU: each is an MSCCL step at both ends (ranges stay within MAX_CNT)
 
 
+@dataclass
+class _Nic:
+    """One GPU's NIC in ``estimate``: its sends in order (``_Estimate.nic``), when it is
+    free, and what arrives on it (every GPU alike: when, round, first chunk, end; the
+    relayed chunks land where they arrive and are not forwarded)."""
+
+    rail: Hop
+    cb: float
+    relayed: int
+    u: float = 0.0
+    sends: list[tuple[float, int, int, int, int]] = field(default_factory=list)
+    arrivals: list[tuple[float, int, int, int]] = field(default_factory=list)
+    relays: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
+    copied: dict[int, float] = field(default_factory=dict)
+
+    def send(self, k: int, a: int, b: int, after: float = 0.0) -> None:
+        """The own shard's chunks ``a..b-1`` on the rail in round ``k``, not before
+        ``after``."""
+        self.u = max(self.u, after)
+        self.sends.append((self.u, k, a, b, 0))
+        self.u += self.rail.time((b - a) * self.cb)
+        self.arrivals.append((self.u, k, max(a, self.relayed), b))
+
+    def mates_copied(self, copied: dict[int, float], hosts: int) -> None:
+        """The mates have their relayed chunks here at ``copied`` (turn -> when): their
+        rail sends, in that order, to every other host."""
+        self.copied = copied
+        self.relays = collections.deque((turn, k) for turn in sorted(copied, key=copied.__getitem__)
+                                        for k in range(1, hosts))
+
+    def relay(self, until: float) -> None:
+        """Send the mates' relayed chunks on the rail, in turn, while they end by ``until``
+        (all of them where it is infinite)."""
+        secs = self.rail.time(self.relayed * self.cb)
+        while self.relays and max(self.u, self.copied[self.relays[0][0]]) + secs <= until:
+            turn, k = self.relays.popleft()
+            self.u = max(self.u, self.copied[turn])
+            self.sends.append((self.u, k, 0, self.relayed, turn))
+            self.u += secs
+
+
 def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail: Hop,
              reduced: bool = True, record: bool = True) -> _Estimate:
     """Start of every send of one GPU, its NVSwitch port and NIC each serving its sends one
@@ -236,61 +277,24 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     lists stay empty), for the search."""
     cb = shard / shape.chunks
     pieces = shape.pieces
-    between = reduced and shape.between and not shape.relay and len(pieces) > 1
+    between = reduced and shape.between and len(pieces) > 1
     # A ReduceScatter's own pieces go to the mates before they leave on the rail; without
     # relayed chunks all but the last go after, so the NIC starts at once.
     late = reduced and shape.late and not shape.relay and len(pieces) > 1 and not between
+    nic = _Nic(rail, cb, shape.relay)
     nvl: list[tuple[float, int, int, int, int]] = []
-    t = 0.0
-    copied = {}  # turn -> when the mate ``turn`` places back had copied its relayed chunks here
-    done = []  # when the mates have each piece of the own shard
-    for lo, hi in () if between else pieces[-1:] if late else pieces:
-        for turn in range(1, mates):
-            nvl.append((t, turn, lo, hi, 0))
-            t += host.time((hi - lo) * cb)
-            if lo == 0 and shape.relay:
-                copied[turn] = t
-        done.append(t)
-    nic: list[tuple[float, int, int, int, int]] = []
-    u = 0.0
-    # (when, rail round or 0 for an own piece sent late, first chunk, end)
-    arrivals: list[tuple[float, int, int, int]] = []
-    last = len(pieces) - 1
-    relays = collections.deque((turn, k) for turn in sorted(copied, key=lambda j: copied[j])
-                               for k in range(1, hosts))
-
-    def relay(until: float) -> None:
-        """Send the mates' relayed chunks on the rail, in turn, while they end by ``until``
-        (all of them where it is infinite)."""
-        nonlocal u
-        while relays and max(u, copied[relays[0][0]]) + rail.time(shape.relay * cb) <= until:
-            turn, k = relays.popleft()
-            u = max(u, copied[turn])
-            nic.append((u, k, 0, shape.relay, turn))
-            u += rail.time(shape.relay * cb)
-
     busy: list[tuple[float, float]] = []  # the port's copies of the own pieces (``between``)
     if between:
-        t, u = _between(shape, mates, hosts, cb, host, rail, nvl, nic, arrivals, busy)
-    for i, (lo, hi) in enumerate(() if between else pieces):
-        if reduced and not late:  # the NIC waits for the piece's copies: relay meanwhile
-            relay(done[i])
-        if reduced and (not late or i == last):
-            u = max(u, done[-1] if late else done[i])
-        for k, a, b in shape.rail_units(hosts, lo, hi, cut=i == last):
-            nic.append((u, k, a, b, 0))
-            u += rail.time((b - a) * cb)
-            arrivals.append((u, k, max(a, shape.relay), b))
-        if late and i < last:
-            arrivals.append((u, 0, lo, hi))
-    relay(float("inf"))
+        end = _between(shape, mates, hosts, cb, host, nic, nvl, busy)
+    else:
+        end = _before(shape, mates, hosts, cb, host, nic, nvl, late, reduced)
+    nic.relay(float("inf"))
     copies = len(nvl)
-    end = t
-    t = 0.0 if between else t
+    t = 0.0 if between else end
     # Forward the unrelayed part of what came. A piece that has arrived by the time the
     # NVSwitch port is free joins the one before it where it continues it (same round, next
     # chunks): a port that falls behind pays one send's latency for both, not one a piece.
-    came = [a for a in sorted(arrivals) if a[3] > a[2]]
+    came = [a for a in sorted(nic.arrivals) if a[3] > a[2]]
     i = 0
     while i < len(came):
         at, k, lo, hi = came[i]
@@ -312,48 +316,80 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             t += host.time((hi - lo) * cb)
     if between:
         nvl.sort()
-    return _Estimate(nvl, nic, max(t, u, end), copies + len(nic))
+    return _Estimate(nvl, nic.sends, max(t, nic.u, end), copies + len(nic.sends))
 
 
-def _between(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, rail: Hop,
+def _before(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _Nic,
+            nvl: list[tuple[float, int, int, int, int]], late: bool, reduced: bool) -> float:
+    """``estimate``'s own shard where its pieces go to the mates before they leave on the
+    rail (all at once in an AllGather; in a ReduceScatter one after another, the NIC
+    waiting for each, or, ``late``, all but the last after). Returns when the port's
+    copies end."""
+    pieces = shape.pieces
+    t = 0.0
+    copied = {}  # turn -> when the mate ``turn`` places back had copied its relayed chunks here
+    done = []  # when the mates have each piece of the own shard
+    for lo, hi in pieces[-1:] if late else pieces:
+        for turn in range(1, mates):
+            nvl.append((t, turn, lo, hi, 0))
+            t += host.time((hi - lo) * cb)
+            if lo == 0 and shape.relay:
+                copied[turn] = t
+        done.append(t)
+    nic.mates_copied(copied, hosts)
+    last = len(pieces) - 1
+    for i, (lo, hi) in enumerate(pieces):
+        if reduced and not late:  # the NIC waits for the piece's copies: relay meanwhile
+            nic.relay(done[i])
+        after = done[-1] if late else done[i]
+        for j, (k, a, b) in enumerate(shape.rail_units(hosts, lo, hi, cut=i == last)):
+            nic.send(k, a, b, after if j == 0 and reduced and (not late or i == last) else 0.0)
+        if late and i < last:
+            nic.arrivals.append((nic.u, 0, lo, hi))
+    return t
+
+
+def _between(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _Nic,
              nvl: list[tuple[float, int, int, int, int]],
-             nic: list[tuple[float, int, int, int, int]],
-             arrivals: list[tuple[float, int, int, int]],
-             busy: list[tuple[float, float]]) -> tuple[float, float]:
+             busy: list[tuple[float, float]]) -> float:
     """``estimate``'s own shard where its pieces go to the mates between their first two
     rail rounds (a ReduceScatter's, so no two sends of a chunk overlap): the whole shard
     leaves on the rail at once, its first two rounds cut into the pieces; each piece's
-    copies follow its first round on the port, and its second round waits for them. Fills
-    ``nvl`` with the copies, ``busy`` with their spans, ``nic`` and ``arrivals``; returns
-    when the port's copies and the NIC end."""
+    copies follow its first round on the port, and its second round waits for them (the
+    NIC sends the mates' relayed chunks meanwhile, where they fit). Fills ``nvl`` with the
+    copies and ``busy`` with their spans; returns when the port's copies end."""
     edges = sorted({lo for lo, _ in shape.pieces})
     units: list[tuple[int, int, int]] = []
     for k, a, b in shape.rail_units(hosts, 0, shape.chunks):
-        cuts = [a, *(e for e in edges if a < e < b), b] if k <= 2 else [a, b]
+        # the relayed chunks always apart: where they land nothing was reduced into them
+        # (inverted, they lie in the input buffer, the rest's partial sums elsewhere)
+        cuts = [a, *(e for e in edges if a < e < b and (k <= 2 or e == shape.relay)), b]
         units += [(k, x, y) for x, y in itertools.pairwise(cuts)]
     first = [unit for unit in units if unit[0] == 1]
-    u = 0.0
     for k, a, b in first:
-        nic.append((u, k, a, b, 0))
-        u += rail.time((b - a) * cb)
-        arrivals.append((u, k, a, b))
+        nic.send(k, a, b)
     t = 0.0
+    copied = {}
     ready: list[tuple[float, int, int]] = []  # (copies done, first chunk, end) per piece
     for lo, hi in shape.pieces:
-        sent = max(when for when, k, a, b in arrivals if a < hi and lo < b)
+        sent = max(at + nic.rail.time((b - a) * cb)
+                   for at, _, a, b, _ in nic.sends[:len(first)] if a < hi and lo < b)
         t = start = max(t, sent)
         for turn in range(1, mates):
             nvl.append((t, turn, lo, hi, 0))
             t += host.time((hi - lo) * cb)
+            if lo == 0 and shape.relay:
+                copied[turn] = t
         busy.append((start, t))
         ready.append((t, lo, hi))
+    nic.mates_copied(copied, hosts)
     for k, a, b in units[len(first):]:
+        after = 0.0
         if k == 2:
-            u = max(u, *(when for when, lo, hi in ready if lo < b and a < hi))
-        nic.append((u, k, a, b, 0))
-        u += rail.time((b - a) * cb)
-        arrivals.append((u, k, a, b))
-    return t, u
+            after = max(when for when, lo, hi in ready if lo < b and a < hi)
+            nic.relay(after)
+        nic.send(k, a, b, after)
+    return t
 
 
 def paced_cuts(chunks: int, hosts: int, mates: int, cb: float, host: Hop, rail: Hop,
@@ -423,13 +459,15 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     seen: set[tuple[object, ...]] = set()  # tails that cut the same pieces are one candidate
     tried: dict[tuple[int, int, int, bool, bool], float] = {}  # each way's fastest estimate
 
-    def consider(shape: Shape) -> None:
+    def consider(shape: Shape) -> float:
+        """The shape's estimated end, kept where it is the best so far (infinite where a
+        shape that cuts the same pieces was estimated already)."""
         nonlocal best, fitting
         lo, hi = _tailed(shape)
         key = (shape.chunks, shape.relay, shape.split, shape.late, shape.between,
                tuple(shape.rail_units(hosts, lo, hi)))
         if key in seen:
-            return
+            return float("inf")
         seen.add(key)
         est = estimate(shape, mates, hosts, shard, host, rail, reduced, record=False)
         way = key[:5]
@@ -439,18 +477,29 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
         if 2 * mates * est.sends <= steps and (
                 fitting is None or est.end < fitting[0] * (1 - 1e-9)):
             fitting = (est.end, shape)
+        return est.end
 
     for c in chunk_choices(shard, rail, choices):
         relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)} if relayed else {0}
         for r in sorted(relays):
+            parted = [k for k in SPLITS if k <= c - r and len(Shape(c, r, 0, k).pieces) > 1]
             for split in (k for k in SPLITS if k <= c - r):
-                # a ReduceScatter's own pieces: to the mates first, after (late), or between
-                # their first two rounds (not under a spine, whose rounds forward)
-                ways = ((False, False), (True, False), (False, True)) if (
-                    reduced and not r and split > 1) else ((False, False),)
+                # a ReduceScatter's own pieces go to the mates first, or all but the last
+                # after (late: without relayed chunks)
                 for tail, taper, rounds in TAILS:
-                    for late, between in ways[:3 if relayed else 2]:
-                        consider(Shape(c, r, tail, split, late, taper, rounds, between=between))
+                    for late in (False, True) if reduced and not r and split in parted \
+                            else (False,):
+                        consider(Shape(c, r, tail, split, late, taper, rounds))
+            if not (reduced and relayed and parted):
+                continue
+            # or between their first two rounds (not under a spine, whose rounds forward):
+            # the tail cuts the whole shard whatever the split, so every tail is tried at
+            # the first split that parts it, and the other splits at the best tail
+            ends = {tl: consider(Shape(c, r, tl[0], parted[0], False, tl[1], tl[2],
+                                       between=True)) for tl in TAILS}
+            tail, taper, rounds = min(ends, key=ends.__getitem__)
+            for split in parted[1:]:
+                consider(Shape(c, r, tail, split, False, taper, rounds, between=True))
     # The fastest few ways, with their last pieces paced by the ports instead
     for c, r, split, late, between in sorted(tried, key=tried.__getitem__)[:PACED_WAYS]:
         lo, hi = _tailed(Shape(c, r, 0, split, between=between))
