@@ -304,19 +304,24 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             hi = came[i][3]
             i += 1
         copies += mates - 1
-        length = (mates - 1) * host.time((hi - lo) * cb)
-        for busy_from, busy_to in busy:  # around the copies of the own pieces
-            if t < busy_to and busy_from < t + length:
-                t = busy_to
-        if not record:
-            t += length
+        one = host.time((hi - lo) * cb)
+        if not record and not _meets(busy, t, (mates - 1) * one):
+            t += (mates - 1) * one
             continue
         for turn in range(1, mates):
-            nvl.append((t, turn, lo, hi, -k))
-            t += host.time((hi - lo) * cb)
+            while _meets(busy, t, one):  # one send at a time around the own pieces' copies
+                t = next(b for a, b in busy if t < b and a < t + one)
+            if record:
+                nvl.append((t, turn, lo, hi, -k))
+            t += one
     if between:
         nvl.sort()
     return _Estimate(nvl, nic.sends, max(t, nic.u, end), copies + len(nic.sends))
+
+
+def _meets(busy: list[tuple[float, float]], t: float, length: float) -> bool:
+    """Whether ``length`` from ``t`` meets one of the ``busy`` spans."""
+    return any(t < b and a < t + length for a, b in busy)
 
 
 def _before(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _Nic,
