@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
@@ -234,8 +235,9 @@ class _Nic:
     u: float = 0.0
     sends: list[tuple[float, int, int, int, int]] = field(default_factory=list)
     arrivals: list[tuple[float, int, int, int]] = field(default_factory=list)
-    relays: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
+    relays: collections.deque[list[int]] = field(default_factory=collections.deque)
     copied: dict[int, float] = field(default_factory=dict)
+    hosts: int = 0
 
     def send(self, k: int, a: int, b: int, after: float = 0.0) -> None:
         """The own shard's chunks ``a..b-1`` on the rail in round ``k``, not before
@@ -247,20 +249,30 @@ class _Nic:
 
     def mates_copied(self, copied: dict[int, float], hosts: int) -> None:
         """The mates have their relayed chunks here at ``copied`` (turn -> when): their
-        rail sends, in that order, to every other host."""
-        self.copied = copied
-        self.relays = collections.deque((turn, k) for turn in sorted(copied, key=copied.__getitem__)
-                                        for k in range(1, hosts))
+        rail sends, in that order, to every other host (``relays``: each mate's turn and
+        the next round it sends in)."""
+        self.copied, self.hosts = copied, hosts
+        self.relays = collections.deque([turn, 1] for turn in sorted(copied,
+                                                                     key=copied.__getitem__))
 
     def relay(self, until: float) -> None:
         """Send the mates' relayed chunks on the rail, in turn, while they end by ``until``
         (all of them where it is infinite)."""
         secs = self.rail.time(self.relayed * self.cb)
-        while self.relays and max(self.u, self.copied[self.relays[0][0]]) + secs <= until:
-            turn, k = self.relays.popleft()
-            self.u = max(self.u, self.copied[turn])
-            self.sends.append((self.u, k, 0, self.relayed, turn))
-            self.u += secs
+        while self.relays:
+            turn, k = self.relays[0]
+            start = max(self.u, self.copied[turn])
+            left = self.hosts - k
+            fit = left if until == math.inf else min(left, int((until - start) / secs))
+            if fit <= 0:
+                return
+            self.sends.extend((start + j * secs, k + j, 0, self.relayed, turn)
+                              for j in range(fit))
+            self.u = start + fit * secs
+            if fit < left:
+                self.relays[0][1] = k + fit
+                return
+            self.relays.popleft()
 
 
 def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail: Hop,
@@ -288,13 +300,14 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
         end = _between(shape, mates, hosts, cb, host, nic, nvl, busy)
     else:
         end = _before(shape, mates, hosts, cb, host, nic, nvl, late, reduced)
-    nic.relay(float("inf"))
+    nic.relay(math.inf)
     copies = len(nvl)
     t = 0.0 if between else end
     # Forward the unrelayed part of what came. A piece that has arrived by the time the
     # NVSwitch port is free joins the one before it where it continues it (same round, next
     # chunks): a port that falls behind pays one send's latency for both, not one a piece.
     came = [a for a in sorted(nic.arrivals) if a[3] > a[2]]
+    ahead = collections.deque(busy)  # the copies of the own pieces the port has not passed
     i = 0
     while i < len(came):
         at, k, lo, hi = came[i]
@@ -305,23 +318,20 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             i += 1
         copies += mates - 1
         one = host.time((hi - lo) * cb)
-        if not record and not _meets(busy, t, (mates - 1) * one):
+        while ahead and ahead[0][1] <= t:
+            ahead.popleft()
+        if not record and not (ahead and ahead[0][0] < t + (mates - 1) * one):
             t += (mates - 1) * one
             continue
         for turn in range(1, mates):
-            while _meets(busy, t, one):  # one send at a time around the own pieces' copies
-                t = next(b for a, b in busy if t < b and a < t + one)
+            while ahead and ahead[0][0] < t + one:  # a send at a time around the copies
+                t = max(t, ahead.popleft()[1])
             if record:
                 nvl.append((t, turn, lo, hi, -k))
             t += one
     if between:
         nvl.sort()
     return _Estimate(nvl, nic.sends, max(t, nic.u, end), copies + len(nic.sends))
-
-
-def _meets(busy: list[tuple[float, float]], t: float, length: float) -> bool:
-    """Whether ``length`` from ``t`` meets one of the ``busy`` spans."""
-    return any(t < b and a < t + length for a, b in busy)
 
 
 def _before(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _Nic,
@@ -487,24 +497,16 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     for c in chunk_choices(shard, rail, choices):
         relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)} if relayed else {0}
         for r in sorted(relays):
-            parted = [k for k in SPLITS if k <= c - r and len(Shape(c, r, 0, k).pieces) > 1]
             for split in (k for k in SPLITS if k <= c - r):
-                # a ReduceScatter's own pieces go to the mates first, or all but the last
-                # after (late: without relayed chunks)
+                # a ReduceScatter's own pieces go to the mates first, all but the last
+                # after (late: without relayed chunks), or between their first two rounds
+                # (not under a spine, whose rounds forward)
+                ways = [(False, False)]
+                if reduced and len(Shape(c, r, 0, split).pieces) > 1:
+                    ways += [(True, False)] * (not r) + [(False, True)] * relayed
                 for tail, taper, rounds in TAILS:
-                    for late in (False, True) if reduced and not r and split in parted \
-                            else (False,):
-                        consider(Shape(c, r, tail, split, late, taper, rounds))
-            if not (reduced and relayed and parted):
-                continue
-            # or between their first two rounds (not under a spine, whose rounds forward):
-            # the tail cuts the whole shard whatever the split, so every tail is tried at
-            # the first split that parts it, and the other splits at the best tail
-            ends = {tl: consider(Shape(c, r, tl[0], parted[0], False, tl[1], tl[2],
-                                       between=True)) for tl in TAILS}
-            tail, taper, rounds = min(ends, key=ends.__getitem__)
-            for split in parted[1:]:
-                consider(Shape(c, r, tail, split, False, taper, rounds, between=True))
+                    for late, between in ways:
+                        consider(Shape(c, r, tail, split, late, taper, rounds, between=between))
     # The fastest few ways, with their last pieces paced by the ports instead
     for c, r, split, late, between in sorted(tried, key=tried.__getitem__)[:PACED_WAYS]:
         lo, hi = _tailed(Shape(c, r, 0, split, between=between))
