@@ -474,15 +474,13 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
     seen: set[tuple[object, ...]] = set()  # tails that cut the same pieces are one candidate
     tried: dict[tuple[int, int, int, bool, bool], float] = {}  # each way's fastest estimate
 
-    def consider(shape: Shape) -> float:
-        """The shape's estimated end, kept where it is the best so far (infinite where a
-        shape that cuts the same pieces was estimated already)."""
+    def consider(shape: Shape) -> None:
         nonlocal best, fitting
         lo, hi = _tailed(shape)
         key = (shape.chunks, shape.relay, shape.split, shape.late, shape.between,
                tuple(shape.rail_units(hosts, lo, hi)))
         if key in seen:
-            return float("inf")
+            return
         seen.add(key)
         est = estimate(shape, mates, hosts, shard, host, rail, reduced, record=False)
         way = key[:5]
@@ -492,7 +490,6 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
         if 2 * mates * est.sends <= steps and (
                 fitting is None or est.end < fitting[0] * (1 - 1e-9)):
             fitting = (est.end, shape)
-        return est.end
 
     for c in chunk_choices(shard, rail, choices):
         relays = {min(c - 1, max(0, int(f * c) + d)) for d in (0, 1)} if relayed else {0}
