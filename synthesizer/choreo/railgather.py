@@ -232,12 +232,12 @@ class _Nic:
     rail: Hop
     cb: float
     relayed: int
+    hosts: int
     u: float = 0.0
     sends: list[tuple[float, int, int, int, int]] = field(default_factory=list)
     arrivals: list[tuple[float, int, int, int]] = field(default_factory=list)
     relays: collections.deque[list[int]] = field(default_factory=collections.deque)
     copied: dict[int, float] = field(default_factory=dict)
-    hosts: int = 0
 
     def send(self, k: int, a: int, b: int, after: float = 0.0) -> None:
         """The own shard's chunks ``a..b-1`` on the rail in round ``k``, not before
@@ -247,11 +247,11 @@ class _Nic:
         self.u += self.rail.time((b - a) * self.cb)
         self.arrivals.append((self.u, k, max(a, self.relayed), b))
 
-    def mates_copied(self, copied: dict[int, float], hosts: int) -> None:
+    def mates_copied(self, copied: dict[int, float]) -> None:
         """The mates have their relayed chunks here at ``copied`` (turn -> when): their
         rail sends, in that order, to every other host (``relays``: each mate's turn and
         the next round it sends in)."""
-        self.copied, self.hosts = copied, hosts
+        self.copied = copied
         self.relays = collections.deque([turn, 1] for turn in sorted(copied,
                                                                      key=copied.__getitem__))
 
@@ -263,7 +263,8 @@ class _Nic:
             turn, k = self.relays[0]
             start = max(self.u, self.copied[turn])
             left = self.hosts - k
-            fit = left if until == math.inf else min(left, int((until - start) / secs))
+            fit = left if until == math.inf or secs <= 0 else min(
+                left, int((until - start) / secs))
             if fit <= 0:
                 return
             self.sends.extend((start + j * secs, k + j, 0, self.relayed, turn)
@@ -293,7 +294,7 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     # A ReduceScatter's own pieces go to the mates before they leave on the rail; without
     # relayed chunks all but the last go after, so the NIC starts at once.
     late = reduced and shape.late and not shape.relay and len(pieces) > 1 and not between
-    nic = _Nic(rail, cb, shape.relay)
+    nic = _Nic(rail, cb, shape.relay, hosts)
     nvl: list[tuple[float, int, int, int, int]] = []
     busy: list[tuple[float, float]] = []  # the port's copies of the own pieces (``between``)
     if between:
@@ -351,7 +352,7 @@ def _before(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _Ni
             if lo == 0 and shape.relay:
                 copied[turn] = t
         done.append(t)
-    nic.mates_copied(copied, hosts)
+    nic.mates_copied(copied)
     last = len(pieces) - 1
     for i, (lo, hi) in enumerate(pieces):
         if reduced and not late:  # the NIC waits for the piece's copies: relay meanwhile
@@ -397,7 +398,7 @@ def _between(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
                 copied[turn] = t
         busy.append((start, t))
         ready.append((t, lo, hi))
-    nic.mates_copied(copied, hosts)
+    nic.mates_copied(copied)
     for k, a, b in units[len(first):]:
         after = 0.0
         if k == 2:
