@@ -287,8 +287,8 @@ def test_a_reducescatter_sends_its_own_pieces_to_the_mates_between_two_rail_roun
     """Inverted, every send of a GPU's own chunks adds into the one buffer MSCCL holds them
     in, so none may overlap another of the same chunks: where the pieces go to the mates
     between their first two rail rounds, only those rounds are cut into the pieces and the
-    plan runs as estimated. With relayed chunks (switch2d-16x4) the mates relay them once
-    their copies came, and the NIC sends those while it waits for the copies."""
+    plan runs as estimated. Relayed chunks (switch2d-16x4) stay a rail send of their own:
+    inverted they lie in the input buffer, the rest's partial sums elsewhere."""
     fabric, demand = _demand(fabric_name, Collective.REDUCESCATTER, size)
     plan = railgather.plans(fabric, [demand])[0]
     shape = plan.phases[0][1]
@@ -303,6 +303,7 @@ def test_a_reducescatter_sends_its_own_pieces_to_the_mates_between_two_rail_roun
     for (a0, a1, alo, ahi), (b0, b1, blo, bhi) in itertools.combinations(own, 2):
         if alo < bhi and blo < ahi:  # the same chunks: one after the other
             assert a1 <= b0 + 1e-15 or b1 <= a0 + 1e-15
+    assert all(hi <= shape.relay or lo >= shape.relay for _, _, lo, hi, _ in est.nic)
     cut = collections.Counter(k for _, k, *_ in est.nic)
     assert cut[1] >= len(shape.pieces) <= cut[2]  # cut at the pieces' edges
     s = rail_gather(fabric, [demand], [plan])
