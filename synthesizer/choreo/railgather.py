@@ -242,10 +242,10 @@ class _Nic:
     def send(self, k: int, a: int, b: int, after: float = 0.0) -> None:
         """The own shard's chunks ``a..b-1`` on the rail in round ``k``, not before
         ``after``."""
-        self.u = max(self.u, after)
-        self.sends.append((self.u, k, a, b, 0))
-        self.u += self.rail.time((b - a) * self.cb)
-        self.arrivals.append((self.u, k, max(a, self.relayed), b))
+        u = self.u if self.u >= after else after
+        self.sends.append((u, k, a, b, 0))
+        self.u = u = u + self.rail.alpha + (b - a) * self.cb * self.rail.beta
+        self.arrivals.append((u, k, a if a > self.relayed else self.relayed, b))
 
     def mates_copied(self, copied: dict[int, float]) -> None:
         """The mates have their relayed chunks here at ``copied`` (turn -> when): their
