@@ -149,9 +149,9 @@ def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: H
         waits = mates - 1 if k == len(shape) - 1 else r
         return s * (r - 1) * rail.alpha + waits * g * shard / s * host.beta
 
-    def transfers() -> int:  # each sub-piece: a rail send and the forwards to the mates
-        return ranks * (mates - 1 + sum((r - 1) * s * mates
-                                        for (r, _), s in zip(shape, subs, strict=True)))
+    def transfers() -> int:
+        return plan_transfers([Level(r, g, n) for (r, g), n in zip(shape, subs, strict=True)],
+                              mates, chunks, ranks)
 
     def steps() -> int:
         return host_steps([Level(r, g, n) for (r, g), n in zip(shape, subs, strict=True)],
@@ -196,6 +196,13 @@ def levels(hosts: int, mates: int, chunks: int, shard: float, host: Hop, rail: H
             subs[k] -= 1
             break
     return [Level(r, g, s) for (r, g), s in zip(shape, subs, strict=True)]
+
+
+def plan_transfers(levels_: Sequence[Level], mates: int, chunks: int, ranks: int) -> int:
+    """Transfers of one phase: each rank's shard to its mates, and per rail send of a
+    level (a sub-piece, or a piece of the paced tail) the send and its forwards."""
+    sends = sum(len(turn) for lv in levels_ for turn in lv.turns(chunks))
+    return ranks * (mates - 1 + sends * mates)
 
 
 def host_steps(levels_: Sequence[Level], mates: int, chunks: int) -> int:
@@ -476,8 +483,7 @@ def _paced_top(lvs: list[Level], mates: int, chunks: int, shard: float, host: Ho
             continue
         seen.add(tail)
         paced = [*lvs[:-1], replace(top, tail=tail)]
-        sends = sum(len(turn) for lv in paced for turn in lv.turns(chunks))
-        if ranks * (mates - 1 + sends * mates) > MAX_TRANSFERS or \
+        if plan_transfers(paced, mates, chunks, ranks) > MAX_TRANSFERS or \
                 host_steps(paced, mates, chunks) > max_steps:
             continue
         t = timeline(paced, mates, chunks, shard, host, rail)[1]

@@ -343,14 +343,11 @@ def _before(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _Ni
     copies end."""
     pieces = shape.pieces
     t = 0.0
-    copied = {}  # turn -> when the mate ``turn`` places back had copied its relayed chunks here
+    # turn -> when the mate ``turn`` places back had copied its relayed chunks here
+    copied: dict[int, float] = {}
     done = []  # when the mates have each piece of the own shard
     for lo, hi in pieces[-1:] if late else pieces:
-        for turn in range(1, mates):
-            nvl.append((t, turn, lo, hi, 0))
-            t += host.time((hi - lo) * cb)
-            if lo == 0 and shape.relay:
-                copied[turn] = t
+        t = _copy(shape, lo, hi, t, mates, host.time((hi - lo) * cb), nvl, copied)
         done.append(t)
     nic.mates_copied(copied)
     last = len(pieces) - 1
@@ -381,30 +378,37 @@ def _between(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
         # (inverted, they lie in the input buffer, the rest's partial sums elsewhere)
         cuts = [a, *(e for e in edges if a < e < b and (k <= 2 or e == shape.relay)), b]
         units += [(k, x, y) for x, y in itertools.pairwise(cuts)]
-    first = [unit for unit in units if unit[0] == 1]
-    for k, a, b in first:
+    sent: list[tuple[float, int, int]] = []  # the first round's: (end, first chunk, end chunk)
+    for k, a, b in (unit for unit in units if unit[0] == 1):
         nic.send(k, a, b)
+        sent.append((nic.u, a, b))
     t = 0.0
-    copied = {}
-    ready: list[tuple[float, int, int]] = []  # (copies done, first chunk, end) per piece
+    copied: dict[int, float] = {}
     for lo, hi in shape.pieces:
-        sent = max(at + nic.rail.time((b - a) * cb)
-                   for at, _, a, b, _ in nic.sends[:len(first)] if a < hi and lo < b)
-        t = start = max(t, sent)
-        for turn in range(1, mates):
-            nvl.append((t, turn, lo, hi, 0))
-            t += host.time((hi - lo) * cb)
-            if lo == 0 and shape.relay:
-                copied[turn] = t
+        start = max(t, *(end for end, a, b in sent if a < hi and lo < b))
+        t = _copy(shape, lo, hi, start, mates, host.time((hi - lo) * cb), nvl, copied)
         busy.append((start, t))
-        ready.append((t, lo, hi))
     nic.mates_copied(copied)
-    for k, a, b in units[len(first):]:
+    for k, a, b in units[len(sent):]:
         after = 0.0
         if k == 2:
-            after = max(when for when, lo, hi in ready if lo < b and a < hi)
+            after = max(done for (_, done), (lo, hi) in zip(busy, shape.pieces, strict=True)
+                        if lo < b and a < hi)
             nic.relay(after)
         nic.send(k, a, b, after)
+    return t
+
+
+def _copy(shape: Shape, lo: int, hi: int, t: float, mates: int, seconds: float,
+          nvl: list[tuple[float, int, int, int, int]], copied: dict[int, float]) -> float:
+    """The own shard's chunks ``lo..hi-1`` to every mate from ``t``, ``seconds`` each, in
+    ``nvl``; where they are the relayed ones, when each mate has them in ``copied`` (turn
+    -> when). Returns when the port is done."""
+    for turn in range(1, mates):
+        nvl.append((t, turn, lo, hi, 0))
+        t += seconds
+        if lo == 0 and shape.relay:
+            copied[turn] = t
     return t
 
 
