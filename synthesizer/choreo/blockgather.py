@@ -478,7 +478,8 @@ def _paced_top(lvs: list[Level], mates: int, chunks: int, shard: float, host: Ho
     best, end = lvs, timeline(lvs, mates, chunks, shard, host, rail)[1]
     seen: set[tuple[int, ...]] = set()
     for lag in LAGS:
-        tail = paced_cuts(piece, top.radix, mates, shard / chunks, host, rail, lag * whole)
+        tail = paced_cuts([piece] * (top.radix - 1), mates, shard / chunks, host, rail,
+                          lag * whole)
         if not tail or tail in seen:
             continue
         seen.add(tail)

@@ -20,6 +20,13 @@ Per shard of ``chunks`` chunks, rank ``(h, u)`` (host ``h``, slot ``u``):
   end where they land, so they fill the NICs while the NVSwitch ports drain (in a
   ReduceScatter, also while a NIC waits for the mates to have a piece of the own shard).
 
+Each rail round costs a NIC a send's latency, and a plan of many hosts has many rounds. So
+after a round or two of its own shard a rank may send blocks of ``group`` mates' shards
+instead (consecutive ranks: one range of the buffer, and never the sender's own shard, which
+it reads from its input): a round of blocks reaches ``group`` hosts, one per rail of each
+group of slots, so every NIC still carries its share and receives from one host at a time,
+in about ``1 / group`` the rounds (``block_moves``).
+
 Under a spine (rail leaves per block, ``rail_layout``) a shard sent along the rail to every
 host would cross the oversubscribed uplinks once per host of another block. There the rail
 rounds cross into each other block once and the host in that block forwards the shard to
@@ -38,7 +45,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -46,6 +53,7 @@ import numpy as np
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
 from choreo.hierarchy import MAX_HOST_STEPS, Hop, hosts_of
+from choreo.msccl.layout import MAX_CNT
 from choreo.routing import timed_plan
 from choreo.schedule import Op, Schedule
 from choreo.topology import Link, Topology
@@ -153,7 +161,11 @@ class Shape:
     rounds where that is 0), or where ``cuts`` are given (``paced_cuts``, the last first)
     in those. In a ReduceScatter (the plan inverted) a piece goes to the mates before it
     leaves on the rail, or where ``late`` (all but the last piece) after, or where
-    ``between`` between its first two rail rounds, which alone are cut into the pieces."""
+    ``between`` between its first two rail rounds, which alone are cut into the pieces.
+    ``group`` above 1 (without relayed chunks or pieces): the rail rounds after the first
+    send blocks of that many mates' shards (``widths``, ``block_moves``), the last of them
+    cut as ``cuts`` says; a ReduceScatter's own shard then goes to the mates in halves
+    around its last rail round (``_grouped``)."""
 
     chunks: int
     relay: int
@@ -164,6 +176,25 @@ class Shape:
     rounds: int = 0
     cuts: tuple[int, ...] = ()
     between: bool = False
+    group: int = 1
+
+    def widths(self, hosts: int) -> list[int]:
+        """Shards each rail round sends (``hosts - 1`` in all): 1 in every round where
+        ``group`` is 1; else blocks of ``group`` mates' shards, after a round of the own
+        shard (the NIC's work while the mates' shards come) and as few rounds of smaller
+        blocks (powers of two, the smallest first) as leave those whole."""
+        if self.group == 1:
+            return [1] * (hosts - 1)
+        whole, rest = divmod(hosts - 1, self.group)
+        if not rest:
+            whole, rest = whole - 1, self.group
+        first = [1] + [1 << b for b in range((rest - 1).bit_length()) if (rest - 1) >> b & 1]
+        return first + [self.group] * whole
+
+    def singles(self, hosts: int) -> int:
+        """The first rail rounds, those that send the own shard alone."""
+        widths = self.widths(hosts)
+        return next((k for k, w in enumerate(widths) if w > 1), len(widths))
 
     @property
     def pieces(self) -> tuple[tuple[int, int], ...]:
@@ -181,6 +212,8 @@ class Shape:
         rounds, or across rounds until a whole one where ``rounds`` is 0): a piece arrives
         while the one before it is copied to the mates, so the copies end soon after the
         last arrival."""
+        if self.group > 1:
+            return self._block_units(hosts, cut)
         if cut and self.cuts:
             return self._cut_units(hosts, lo, hi)
         units: list[tuple[int, int, int]] = []
@@ -195,6 +228,26 @@ class Shape:
             if self.rounds and at == hi:
                 size = self.tail
         units += [(j, lo, at if j == k else hi) for j in range(k, 0, -1) if at > lo or j < k]
+        return units[::-1]
+
+    def _block_units(self, hosts: int, cut: bool) -> list[tuple[int, int, int]]:
+        """``rail_units`` where the rounds send blocks (``widths``): each round's chunks
+        of its block, the last rounds in ``cuts`` (the last first) where ``cut``."""
+        widths = [w * self.chunks for w in self.widths(hosts)]
+        units: list[tuple[int, int, int]] = []
+        k, at = len(widths), widths[-1]
+        for size in self.cuts if cut else ():
+            if k < 1:
+                break
+            first = max(0, at - size)
+            units.append((k, first, at))
+            if first:
+                at = first
+            else:
+                k -= 1
+                at = widths[k - 1] if k else 0
+        units += [(j, 0, at if j == k else widths[j - 1]) for j in range(k, 0, -1)
+                  if at > 0 or j < k]
         return units[::-1]
 
     def _cut_units(self, hosts: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
@@ -299,6 +352,8 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     busy: list[tuple[float, float]] = []  # the port's copies of the own pieces (``between``)
     if between:
         end = _between(shape, mates, hosts, cb, host, nic, nvl, busy)
+    elif shape.group > 1:
+        end = _grouped(shape, mates, hosts, cb, host, nic, nvl, busy, reduced)
     else:
         end = _before(shape, mates, hosts, cb, host, nic, nvl, late, reduced)
     nic.relay(math.inf)
@@ -330,7 +385,7 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             if record:
                 nvl.append((t, turn, lo, hi, -k))
             t += one
-    if between:
+    if busy:
         nvl.sort()
     return _Estimate(nvl, nic.sends, max(t, nic.u, end), copies + len(nic.sends))
 
@@ -399,6 +454,86 @@ def _between(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
     return t
 
 
+def block_of(slot: int, mates: int, group: int) -> int:
+    """The first slot of the block of ``group`` mates' shards that ``slot`` sends on its rail
+    (the next block's: never its own shard, which it reads from another buffer)."""
+    return (slot // group + 1) % (mates // group) * group
+
+
+def block_moves(widths: Sequence[int], mates: int) -> list[list[tuple[int, int]]]:
+    """Per rail round of blocks of ``widths`` shards, per slot: how many hosts on it sends
+    and the first slot of the block it sends. A round of blocks of ``w`` shards reaches
+    ``w`` hosts, slot ``p`` the ``p % w``-th, so every host receives from one host on each
+    rail, and from each host every block once (a host's ``mates / w`` blocks go on as many
+    rails)."""
+    rounds, at = [], 1
+    for w in widths:
+        rounds.append([(at + p % w, p if w == 1 else block_of(p, mates, w))
+                       for p in range(mates)])
+        at += w
+    return rounds
+
+
+def copy_turns(mates: int, group: int) -> list[int]:
+    """The order a GPU copies its own shard to its mates in (turn ``d``: the mate ``d``
+    places on): where shards go on the rail in blocks, the mate one place back first, so
+    that a GPU has the shards of the mates just after it, its block, soonest."""
+    return list(range(mates - 1, 0, -1)) if group > 1 else list(range(1, mates))
+
+
+def _grouped(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _Nic,
+             nvl: list[tuple[float, int, int, int, int]], busy: list[tuple[float, float]],
+             reduced: bool) -> float:
+    """``estimate``'s rail rounds where they send blocks of mates' shards (``widths``): a
+    round of blocks leaves once their shards have come (every GPU alike, so at the slowest
+    slot's). In an AllGather the own shard goes to the mates at once; returns when those
+    copies end. In a ReduceScatter (no two sends of the own chunks overlap) the last round
+    of the own shard goes in two halves, each half's copies while the NIC sends the other;
+    ``busy`` then holds the copies' spans, the port forwarding around them, and it returns
+    0."""
+    c = shape.chunks
+    widths = shape.widths(hosts)
+    singles = shape.singles(hosts)
+    units = shape.rail_units(hosts, 0, c)
+    turns = copy_turns(mates, shape.group)
+
+    def copy(lo: int, hi: int, t: float) -> float:
+        seconds = host.time((hi - lo) * cb)
+        for turn in turns:
+            nvl.append((t, turn, lo, hi, 0))
+            t += seconds
+        return t
+
+    if reduced:
+        half = c // 2
+        assert half, "a ReduceScatter's blocks need two chunks a shard at least"
+        for k, a, b in units:
+            if k < singles:
+                nic.send(k, a, b)
+        start = nic.u  # the NIC sends the first half while the second goes to the mates
+        nic.send(singles, 0, half)
+        second = copy(half, c, start)
+        nic.send(singles, half, c, second)
+        first_at = max(second, nic.sends[-2][0] + nic.rail.time(half * cb))
+        end = copy(0, half, first_at)
+        busy += [(start, second), (first_at, end)]
+        seconds, t0 = host.time(half * cb), first_at
+    else:
+        end = copy(0, c, 0.0)
+        seconds, t0 = host.time(c * cb), 0.0
+    # when every GPU has the shards of the block it sends, per block size: a mate ``d``
+    # places on copies to it ``d``-th (``copy_turns``)
+    ready = {g: t0 + seconds * max((x - p) % mates for p in range(mates)
+                                   for x in range(block_of(p, mates, g),
+                                                  block_of(p, mates, g) + g))
+             for g in range(2, shape.group + 1)}
+    nic.mates_copied({})
+    for k, a, b in units:
+        if k > singles or not reduced:
+            nic.send(k, a, b, ready[widths[k - 1]] if k > singles else 0.0)
+    return 0.0 if reduced else end
+
+
 def _copy(shape: Shape, lo: int, hi: int, t: float, mates: int, seconds: float,
           nvl: list[tuple[float, int, int, int, int]], copied: dict[int, float]) -> float:
     """The own shard's chunks ``lo..hi-1`` to every mate from ``t``, ``seconds`` each, in
@@ -412,14 +547,14 @@ def _copy(shape: Shape, lo: int, hi: int, t: float, mates: int, seconds: float,
     return t
 
 
-def paced_cuts(chunks: int, hosts: int, mates: int, cb: float, host: Hop, rail: Hop,
+def paced_cuts(widths: Sequence[int], mates: int, cb: float, host: Hop, rail: Hop,
                lag: float) -> tuple[int, ...]:
-    """The last rail pieces of a piece of ``chunks`` chunks (of ``cb`` bytes each), the last
-    first, such that the NVSwitch port ends at most ``lag`` after the last arrival. The NIC
-    and the port are a two-stage flow shop: each piece is forwarded to the mates while the
-    next arrives, so from the end backwards each piece may take the port as long as
-    ``lag`` and whatever the NIC took longer than the port on the pieces after it. Small
-    pieces lose to the port's per-send latency, so the last ones are no smaller than
+    """The last rail pieces of rounds of ``widths`` chunks (of ``cb`` bytes each; in
+    order), the last first, such that the NVSwitch port ends at most ``lag`` after the last
+    arrival. The NIC and the port are a two-stage flow shop: each piece is forwarded to the
+    mates while the next arrives, so from the end backwards each piece may take the port as
+    long as ``lag`` and whatever the NIC took longer than the port on the pieces after it.
+    Small pieces lose to the port's per-send latency, so the last ones are no smaller than
     needed, and they grow back to whole rounds as the NIC's lead builds up. Empty where
     the port keeps pace with whole rounds, or where at ``lag`` the pieces would never grow
     (the port is slower than the NIC at their size)."""
@@ -430,9 +565,11 @@ def paced_cuts(chunks: int, hosts: int, mates: int, cb: float, host: Hop, rail: 
         return (mates - 1) * host.time(x * cb)
 
     cuts: list[int] = []
-    lead, left = 0.0, chunks  # the NIC's lead over the port so far; the round's chunks left
-    rounds = hosts - 1
-    while rounds:
+    lead = 0.0  # the NIC's lead over the port so far
+    k = len(widths) - 1
+    left = widths[k] if k >= 0 else 0  # the round's chunks left
+    while k >= 0:
+        chunks = widths[k]
         allowed = int(((lag + lead) / (mates - 1) - host.alpha) / (cb * host.beta))
         if allowed >= chunks and left == chunks:
             break
@@ -443,7 +580,8 @@ def paced_cuts(chunks: int, hosts: int, mates: int, cb: float, host: Hop, rail: 
         lead += nic(x) - port(x)
         left -= x
         if not left:
-            rounds, left = rounds - 1, chunks
+            k -= 1
+            left = widths[k] if k >= 0 else 0
     return tuple(cuts)
 
 
@@ -463,7 +601,7 @@ def chunk_choices(shard: float, rail: Hop, choices: Sequence[int] = CHUNK_CHOICE
 
 def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: bool,
            choices: Sequence[int] = CHUNK_CHOICES, steps: int = MAX_HOST_STEPS,
-           relayed: bool = True) -> tuple[float, Shape]:
+           relayed: bool = True, groups: Sequence[int] = ()) -> tuple[float, Shape]:
     """The earliest estimated end and its shape, over ``choices`` of chunks per shard, among
     shapes whose node files take at most ``steps`` MSCCL steps (every GPU's sends, a step at
     each end; the earliest of all where none does). The relayed share ``f`` balances the
@@ -483,13 +621,14 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
         nonlocal best, fitting
         lo, hi = _tailed(shape)
         key = (shape.chunks, shape.relay, shape.split, shape.late, shape.between,
-               tuple(shape.rail_units(hosts, lo, hi)))
+               shape.group, tuple(shape.rail_units(hosts, lo, hi)))
         if key in seen:
             return
         seen.add(key)
         est = estimate(shape, mates, hosts, shard, host, rail, reduced, record=False)
-        way = key[:5]
-        tried[way] = min(tried.get(way, est.end), est.end)
+        if shape.group == 1:
+            way = key[:5]
+            tried[way] = min(tried.get(way, est.end), est.end)
         if est.end < best[0] * (1 - 1e-9):
             best = (est.end, shape)
         if 2 * mates * est.sends <= steps and (
@@ -509,15 +648,36 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
                 for tail, taper, rounds in TAILS:
                     for late, between in ways:
                         consider(Shape(c, r, tail, split, late, taper, rounds, between=between))
+        for g in groups:  # blocks of mates' shards, paced tails
+            if g * c <= MAX_CNT and (c > 1 or not reduced):
+                grouped = Shape(c, 0, 0, group=g)
+                consider(grouped)
+                _pace(grouped, hosts, mates, shard, host, rail, consider, reduced)
     # The fastest few ways, with their last pieces paced by the ports instead
     for c, r, split, late, between in sorted(tried, key=tried.__getitem__)[:PACED_WAYS]:
-        lo, hi = _tailed(Shape(c, r, 0, split, between=between))
-        whole = (mates - 1) * host.time(shard / c * (hi - lo))
-        for lag in LAGS:
-            paced = paced_cuts(hi - lo, hosts, mates, shard / c, host, rail, lag * whole)
-            if paced:
-                consider(Shape(c, r, 0, split, late, cuts=paced, between=between))
+        _pace(Shape(c, r, 0, split, late, between=between), hosts, mates, shard, host, rail,
+              consider)
     return fitting or best
+
+
+def _pace(shape: Shape, hosts: int, mates: int, shard: float, host: Hop, rail: Hop,
+          consider: Callable[[Shape], None], reduced: bool = False) -> None:
+    """``consider`` ``shape`` with its last rail pieces paced by both ports (``paced_cuts``)
+    at each of ``LAGS`` (a ReduceScatter's blocks: within the rounds of blocks, its own
+    shard's rounds kept whole)."""
+    cb = shard / shape.chunks
+    if shape.group > 1:
+        widths = [w * shape.chunks for w in shape.widths(hosts)]
+        if reduced:
+            widths = widths[shape.singles(hosts):]
+    else:
+        lo, hi = _tailed(shape)
+        widths = [hi - lo] * (hosts - 1)
+    whole = (mates - 1) * host.time(cb * widths[-1])
+    for lag in LAGS:
+        paced = paced_cuts(widths, mates, cb, host, rail, lag * whole)
+        if paced:
+            consider(replace(shape, cuts=paced))
 
 
 def _tailed(shape: Shape) -> tuple[int, int]:
@@ -624,6 +784,8 @@ def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: 
     shard = demand.size / demand.n
     est = estimate(shape, mates, nh, shard, host, rail, reduced)
     cb = shard / c
+    if shape.group > 1:
+        return _block_plan(hosts, shape, est, host, rail, cb)
     # where what place i receives in round k comes from: (blocks back, place)
     came: list[list[tuple[int, int]]] = []
     for round_moves in moves:
@@ -648,6 +810,30 @@ def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: 
                 origin = at(b - back, i)[p] if turn == 0 else members[(p - turn) % mates]
                 rows.append((start, rail.time((hi - lo) * cb), r, at(b + across, i + step)[p],
                              origin * c + lo, hi - lo))
+    return np.asarray(rows, dtype=np.float64).reshape(-1, 6)
+
+
+def _block_plan(hosts: list[list[int]], shape: Shape, est: _Estimate, host: Hop, rail: Hop,
+                cb: float) -> np.ndarray:
+    """``plan``'s rows where the rail rounds send blocks of mates' shards
+    (``block_moves``; one block of hosts, each host's ranks consecutive)."""
+    mates, nh, c = len(hosts[0]), len(hosts), shape.chunks
+    moves = block_moves(shape.widths(nh), mates)
+    rows = []
+    for h, members in enumerate(hosts):
+        for p, r in enumerate(members):
+            for start, turn, lo, hi, whose in est.nvl:
+                if whose:  # what came in round -whose, from the host that many back
+                    ahead, first = moves[-whose - 1][p]
+                    origin = hosts[(h - ahead) % nh][first]
+                else:
+                    origin = r
+                rows.append((start, host.time((hi - lo) * cb), r, members[(p + turn) % mates],
+                             origin * c + lo, hi - lo))
+            for start, k, lo, hi, _ in est.nic:
+                ahead, first = moves[k - 1][p]
+                rows.append((start, rail.time((hi - lo) * cb), r, hosts[(h + ahead) % nh][p],
+                             members[first] * c + lo, hi - lo))
     return np.asarray(rows, dtype=np.float64).reshape(-1, 6)
 
 
@@ -729,28 +915,42 @@ def _turns(fabric: Topology, demands: Sequence[Demand],
     return chosen
 
 
+def block_groups(hosts: list[list[int]], blocks: int) -> tuple[int, ...]:
+    """The block sizes (``Shape.group``) the rail rounds may send mates' shards in: powers
+    of two that divide a host's slots, fewer than them (a block never holds the sender's
+    own shard) and than the other hosts (a round of the own shard comes first); none under
+    a spine, or where a host's ranks are not consecutive in slot order (a block is one
+    range of the buffer)."""
+    mates, nh = len(hosts[0]), len(hosts)
+    if blocks > 1 or any(m != list(range(m[0], m[0] + mates)) for m in hosts):
+        return ()
+    return tuple(g for g in (2, 4, 8, 16, 32) if g < mates and mates % g == 0 and g < nh - 1)
+
+
 def _shape(fabric: Topology, d: Demand, hosts: list[list[int]], blocks: int, host: Hop,
            rail: Hop, moves: tuple[tuple[Move, ...], ...]) -> RailPlan:
     mates, nh, shard = len(hosts[0]), len(hosts), d.size / d.n
     relayed = blocks == 1
+    groups = block_groups(hosts, blocks)
     if d.collective is Collective.ALLREDUCE:  # its ReduceScatter, then its AllGather
         def phases(c: int) -> list[tuple[bool, tuple[float, Shape]]]:
             """Both phases with chunks ``c``, in one node file: each within half the budget
             where the best of each would not fit together."""
-            found = [(r, search(mates, nh, shard, host, rail, r, (c,), relayed=relayed))
-                     for r in (True, False)]
+            found = [(r, search(mates, nh, shard, host, rail, r, (c,), relayed=relayed,
+                                groups=groups)) for r in (True, False)]
             steps = sum(2 * mates * estimate(shape, mates, nh, shard, host, rail, r,
                                              record=False).sends for r, (_, shape) in found)
             if steps <= MAX_HOST_STEPS:
                 return found
             return [(r, search(mates, nh, shard, host, rail, r, (c,), MAX_HOST_STEPS // 2,
-                               relayed)) for r in (True, False)]
+                               relayed, groups)) for r in (True, False)]
 
         pairs = [phases(c) for c in chunk_choices(shard, rail)]
         best = min(pairs, key=lambda ph: ph[0][1][0] + ph[1][1][0])
     else:
         reduced = d.collective is Collective.REDUCESCATTER
-        best = [(reduced, search(mates, nh, shard, host, rail, reduced, relayed=relayed))]
+        best = [(reduced, search(mates, nh, shard, host, rail, reduced, relayed=relayed,
+                                 groups=groups))]
     queued = _spine_slowdown(fabric, d.ranks[hosts[0][0]], rail, moves)
     return RailPlan(hosts, host, rail, [(reduced, found[1]) for reduced, found in best],
                     sum(found[0] for _, found in best) * queued, blocks, moves, queued)
