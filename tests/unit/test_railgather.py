@@ -300,9 +300,16 @@ def test_a_reducescatter_sends_its_own_pieces_to_the_mates_between_two_rail_roun
     assert all(hi <= shape.relay or lo >= shape.relay for _, _, lo, hi, _ in est.nic)
     cut = collections.Counter(k for _, k, *_ in est.nic)
     assert cut[1] >= len(shape.pieces) <= cut[2]  # cut at the pieces' edges
+    _runs_as_estimated(fabric, demand, plan, est.end)
+
+
+def _runs_as_estimated(fabric: object, demand: Demand, plan: railgather.RailPlan,
+                       end: float) -> None:
+    """``plan`` laid out verifies, simulates to ``end`` and, up to 64 ranks, runs in the
+    MSCCL interpreter."""
     s = rail_gather(fabric, [demand], [plan])
     assert verify(s).ok, verify(s).summary()
-    assert simulate(s).makespan == pytest.approx(est.end, rel=1e-9)
+    assert simulate(s).makespan == pytest.approx(end, rel=1e-9)
     if demand.n <= 64:
         result = interpret.run(to_xml(s, 0))
         assert result.ok, str(result)
@@ -340,12 +347,7 @@ def test_a_reducescatter_of_blocks_sends_its_own_shard_in_halves_around_the_copi
     cb = size / demand.n / shape.chunks
     for (at, _, lo, hi, _), (nxt, *_) in itertools.pairwise(sorted(est.nic)):
         assert nxt == pytest.approx(at + plan.rail.time((hi - lo) * cb), rel=1e-12)
-    s = rail_gather(fabric, [demand], [plan])
-    assert verify(s).ok, verify(s).summary()
-    assert simulate(s).makespan == pytest.approx(est.end, rel=1e-9)
-    if demand.n <= 64:
-        result = interpret.run(to_xml(s, 0))
-        assert result.ok, str(result)
+    _runs_as_estimated(fabric, demand, plan, est.end)
 
 
 def test_an_allreduce_whose_reducescatter_goes_between_runs_in_the_msccl_interpreter(
