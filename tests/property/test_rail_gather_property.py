@@ -14,9 +14,10 @@ from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
 from choreo.msccl.api import to_xml
+from choreo.msccl.lower import lowerable
 from choreo.msccl.split import MAX_CONFIGMAP_BYTES, split_per_node
 from choreo.msccl.validate import validate
-from choreo.railgather import layout, rail_gather
+from choreo.railgather import layout, plans, rail_gather
 from choreo.report import tenant_bounds
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, synthesize
@@ -95,3 +96,24 @@ def test_gathers_under_a_spine(blocks: int, per_block: int, tenants: int, slots:
         files = split_per_node(xml, [fabric.names[r].split("/")[0] for r in d.ranks])
         assert max(len(text.encode()) for text in files.values()) <= MAX_CONFIGMAP_BYTES
         assert validate(xml) == []
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(preset=st.sampled_from(["dgx-h100", "dgx-a100"]), hosts=st.integers(4, 24),
+       collective=st.sampled_from([Collective.ALLGATHER, Collective.REDUCESCATTER,
+                                   Collective.ALLREDUCE]),
+       size_mib=st.sampled_from([1, 16, 64, 256, 1024]))
+def test_rail_rounds_of_blocks(preset: str, hosts: int, collective: Collective,
+                               size_mib: int) -> None:
+    """Every host count, even those whose rounds of blocks do not divide: the rail plan with
+    blocks of mates' shards verifies, simulates no slower than its estimate (which waits
+    for the slowest slot's block), and, up to 64 ranks, lowers to MSCCL."""
+    fabric = build(f"{preset}-{hosts}")
+    demand = Demand(collective, tuple(fabric.npus), size_mib << 20, 1)
+    plan = plans(fabric, [demand])[0]
+    s = rail_gather(fabric, [demand], [plan])
+    verdict = verify(s)
+    assert verdict.ok, verdict.summary()
+    assert simulate(s).makespan <= plan.estimate * (1 + 1e-9)
+    if demand.n <= 64:
+        assert lowerable(s) == ""
