@@ -339,8 +339,9 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     run one after another. A piece of the own shard then leaves on the rail once the mates
     have it (the NIC sends the mates' relayed chunks while it waits, where they fit), or,
     ``between``, goes to the mates between its first two rail rounds, the port's forwards
-    filling around those copies. Without ``record`` only the end is estimated (the sends
-    lists stay empty), for the search."""
+    filling around those copies. Rounds of blocks of mates' shards (``group``): see
+    ``_grouped``. Without ``record`` the forwards are counted but not listed, for the
+    search."""
     cb = shard / shape.chunks
     pieces = shape.pieces
     between = reduced and shape.between and len(pieces) > 1
@@ -349,7 +350,7 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     late = reduced and shape.late and not shape.relay and len(pieces) > 1 and not between
     nic = _Nic(rail, cb, shape.relay, hosts)
     nvl: list[tuple[float, int, int, int, int]] = []
-    busy: list[tuple[float, float]] = []  # the port's copies of the own pieces (``between``)
+    busy: list[tuple[float, float]] = []  # the own shard's copies the port forwards around
     if between:
         end = _between(shape, mates, hosts, cb, host, nic, nvl, busy)
     elif shape.group > 1:
