@@ -773,14 +773,14 @@ def _matching(left: list[dict[tuple[int, int], int]], per: int) -> list[int]:
 
 def plan(demand: Demand, hosts: list[list[int]], shape: Shape, host: Hop, rail: Hop,
          reduced: bool = False, blocks: int = 1,
-         moves: Sequence[tuple[Move, ...]] | None = None) -> np.ndarray:
+         moves: Sequence[tuple[Move, ...]] = ()) -> np.ndarray:
     """AllGather sends in rank space: rows of (estimated start, estimated seconds, src rank,
     dst rank, first chunk, chunk count); ``reduced``: to be inverted into a ReduceScatter.
     ``hosts`` come block by block (``rail_layout``), their rail rounds as ``moves`` says
-    (``rail_moves`` by default)."""
+    (``rail_moves`` where none are given)."""
     mates, nh, c = len(hosts[0]), len(hosts), shape.chunks
     per = nh // blocks
-    moves = rail_moves(blocks, per) if moves is None else moves
+    moves = moves or rail_moves(blocks, per)
     assert blocks == 1 or not shape.relay, "a spine's plan relays no chunk"
     shard = demand.size / demand.n
     est = estimate(shape, mates, nh, shard, host, rail, reduced)
@@ -849,7 +849,7 @@ class RailPlan:
     phases: list[tuple[bool, Shape]]
     estimate: float
     blocks: int = 1  # ``rail_layout``'s
-    moves: tuple[tuple[Move, ...], ...] = ()  # ``rail_moves``'
+    moves: tuple[tuple[Move, ...], ...] = ()  # ``rail_moves``' (its default where empty)
     queued: float = 1.0  # ``_spine_slowdown``: above 1, crossings wait for uplink lanes
 
 

@@ -577,3 +577,16 @@ def test_blocks_go_only_where_a_hosts_ranks_are_one_range_in_slot_order() -> Non
     assert railgather.block_groups(mixed, 1) == ()
     assert railgather.block_groups(hosts[:4], 1) == (2,)  # no more than the other hosts
     assert railgather.block_groups(hosts[:2], 1) == ()
+
+
+def test_a_plan_built_by_hand_gets_the_rail_rounds_by_default() -> None:
+    """A ``RailPlan`` made from ``search`` alone (no ``moves``) lays out the rotation."""
+    fabric, demand = _demand("dgx-h100-4", Collective.ALLGATHER, 16 << 20)
+    hosts = railgather.layout(fabric, demand)
+    assert hosts is not None
+    host, rail = railgather.hops(fabric, demand.ranks)
+    end, shape = railgather.search(8, 4, (16 << 20) / demand.n, host, rail, False)
+    plan = railgather.RailPlan(hosts, host, rail, [(False, shape)], end)
+    s = rail_gather(fabric, [demand], [plan])
+    assert verify(s).ok, verify(s).summary()
+    assert simulate(s).makespan == pytest.approx(end, rel=1e-9)
