@@ -293,8 +293,8 @@ class _Nic:
     copied: dict[int, float] = field(default_factory=dict)
 
     def send(self, k: int, a: int, b: int, after: float = 0.0) -> None:
-        """The own shard's chunks ``a..b-1`` on the rail in round ``k``, not before
-        ``after``."""
+        """Chunks ``a..b-1`` of what round ``k`` sends (the own shard, or a block of mates'
+        shards) on the rail, not before ``after``."""
         u = self.u if self.u >= after else after
         self.sends.append((u, k, a, b, 0))
         self.u = u = u + self.rail.alpha + (b - a) * self.cb * self.rail.beta
@@ -461,6 +461,12 @@ def block_of(slot: int, mates: int, group: int) -> int:
     return (slot // group + 1) % (mates // group) * group
 
 
+def _block_slots(slot: int, mates: int, group: int) -> range:
+    """The slots whose shards ``slot`` sends in a block of ``group`` (``block_of``)."""
+    first = block_of(slot, mates, group)
+    return range(first, first + group)
+
+
 def block_moves(widths: Sequence[int], mates: int) -> list[list[tuple[int, int]]]:
     """Per rail round of blocks of ``widths`` shards, per slot: how many hosts on it sends
     and the first slot of the block it sends. A round of blocks of ``w`` shards reaches
@@ -496,15 +502,6 @@ def _grouped(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
     widths = shape.widths(hosts)
     singles = shape.singles(hosts)
     units = shape.rail_units(hosts, 0, c)
-    turns = copy_turns(mates, shape.group)
-
-    def copy(lo: int, hi: int, t: float) -> float:
-        seconds = host.time((hi - lo) * cb)
-        for turn in turns:
-            nvl.append((t, turn, lo, hi, 0))
-            t += seconds
-        return t
-
     if reduced:
         half = c // 2
         assert half, "a ReduceScatter's blocks need two chunks a shard at least"
@@ -513,21 +510,21 @@ def _grouped(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
                 nic.send(k, a, b)
         start = nic.u  # the NIC sends the first half while the second goes to the mates
         nic.send(singles, 0, half)
-        second = copy(half, c, start)
+        first_sent = nic.u
+        second = _copy(shape, half, c, start, mates, host.time((c - half) * cb), nvl, {})
         nic.send(singles, half, c, second)
-        first_at = max(second, nic.sends[-2][0] + nic.rail.time(half * cb))
-        end = copy(0, half, first_at)
-        busy += [(start, second), (first_at, end)]
-        seconds, t0 = host.time(half * cb), first_at
+        t0 = max(second, first_sent)
+        end = _copy(shape, 0, half, t0, mates, host.time(half * cb), nvl, {})
+        busy += [(start, second), (t0, end)]
+        seconds = host.time(half * cb)
     else:
-        end = copy(0, c, 0.0)
-        seconds, t0 = host.time(c * cb), 0.0
+        t0, seconds = 0.0, host.time(c * cb)
+        end = _copy(shape, 0, c, t0, mates, seconds, nvl, {})
     # when every GPU has the shards of the block it sends, per block size: a mate ``d``
     # places on copies to it ``d``-th (``copy_turns``)
     ready = {g: t0 + seconds * max((x - p) % mates for p in range(mates)
-                                   for x in range(block_of(p, mates, g),
-                                                  block_of(p, mates, g) + g))
-             for g in range(2, shape.group + 1)}
+                                   for x in _block_slots(p, mates, g))
+             for g in set(widths) - {1}}
     nic.mates_copied({})
     for k, a, b in units:
         if k > singles or not reduced:
@@ -539,8 +536,8 @@ def _copy(shape: Shape, lo: int, hi: int, t: float, mates: int, seconds: float,
           nvl: list[tuple[float, int, int, int, int]], copied: dict[int, float]) -> float:
     """The own shard's chunks ``lo..hi-1`` to every mate from ``t``, ``seconds`` each, in
     ``nvl``; where they are the relayed ones, when each mate has them in ``copied`` (turn
-    -> when). Returns when the port is done."""
-    for turn in range(1, mates):
+    -> when), in the order ``copy_turns`` gives. Returns when the port is done."""
+    for turn in copy_turns(mates, shape.group):
         nvl.append((t, turn, lo, hi, 0))
         t += seconds
         if lo == 0 and shape.relay:
@@ -925,7 +922,8 @@ def block_groups(hosts: list[list[int]], blocks: int) -> tuple[int, ...]:
     mates, nh = len(hosts[0]), len(hosts)
     if blocks > 1 or any(m != list(range(m[0], m[0] + mates)) for m in hosts):
         return ()
-    return tuple(g for g in (2, 4, 8, 16, 32) if g < mates and mates % g == 0 and g < nh - 1)
+    return tuple(g for g in (1 << k for k in range(1, mates.bit_length()))
+                 if g < mates and mates % g == 0 and g < nh - 1)
 
 
 def _shape(fabric: Topology, d: Demand, hosts: list[list[int]], blocks: int, host: Hop,
