@@ -25,7 +25,9 @@ after a round or two of its own shard a rank may send blocks of ``group`` mates'
 instead (consecutive ranks: one range of the buffer, and never the sender's own shard, which
 it reads from its input): a round of blocks reaches ``group`` hosts, one per rail of each
 group of slots, so every NIC still carries its share and receives from one host at a time,
-in about ``1 / group`` the rounds (``block_moves``).
+in about ``1 / group`` the rounds (``block_moves``). A port then forwards a block in one
+send a mate, and where the ports are the bound a round of blocks relays too: its block's
+first chunks reach the receiver's group mates on their own rails, not through the port.
 
 Under a spine (rail leaves per block, ``rail_layout``) a shard sent along the rail to every
 host would cross the oversubscribed uplinks once per host of another block. There the rail
@@ -162,10 +164,12 @@ class Shape:
     in those. In a ReduceScatter (the plan inverted) a piece goes to the mates before it
     leaves on the rail, or where ``late`` (all but the last piece) after, or where
     ``between`` between its first two rail rounds, which alone are cut into the pieces.
-    ``group`` above 1 (without relayed chunks or pieces): the rail rounds after the first
+    ``group`` above 1 (without pieces of the own shard): the rail rounds after the first
     send blocks of that many mates' shards (``widths``, ``block_moves``), the last of them
     cut as ``cuts`` says; a ReduceScatter's own shard then goes to the mates in halves
-    around its last rail round (``_grouped``)."""
+    around its last rail round (``_grouped``). ``relay`` there: in each round of blocks of
+    ``group`` the block's first ``relay`` chunks reach the receiver's group mates on their
+    own rails (``relay_ahead``), last, and its forwards to them leave those out."""
 
     chunks: int
     relay: int
@@ -292,13 +296,15 @@ class _Nic:
     relays: collections.deque[list[int]] = field(default_factory=collections.deque)
     copied: dict[int, float] = field(default_factory=dict)
 
-    def send(self, k: int, a: int, b: int, after: float = 0.0) -> None:
+    def send(self, k: int, a: int, b: int, after: float = 0.0, relayed: int = 0) -> None:
         """Chunks ``a..b-1`` of what round ``k`` sends (the own shard, or a block of mates'
-        shards) on the rail, not before ``after``."""
+        shards) on the rail, not before ``after``; ``relayed`` (a plan of blocks' relayed
+        chunks: which of the round's other hosts, ``relay_ahead``) lands where it arrives."""
         u = self.u if self.u >= after else after
-        self.sends.append((u, k, a, b, 0))
+        self.sends.append((u, k, a, b, relayed))
         self.u = u = u + self.rail.alpha + (b - a) * self.cb * self.rail.beta
-        self.arrivals.append((u, k, a if a > self.relayed else self.relayed, b))
+        if not relayed:
+            self.arrivals.append((u, k, a if a > self.relayed else self.relayed, b))
 
     def mates_copied(self, copied: dict[int, float]) -> None:
         """The mates have their relayed chunks here at ``copied`` (turn -> when): their
@@ -348,7 +354,7 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     # A ReduceScatter's own pieces go to the mates before they leave on the rail; without
     # relayed chunks all but the last go after, so the NIC starts at once.
     late = reduced and shape.late and not shape.relay and len(pieces) > 1 and not between
-    nic = _Nic(rail, cb, shape.relay, hosts)
+    nic = _Nic(rail, cb, 0 if shape.group > 1 else shape.relay, hosts)
     nvl: list[tuple[float, int, int, int, int]] = []
     busy: list[tuple[float, float]] = []  # the own shard's copies the port forwards around
     if between:
@@ -365,6 +371,11 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     # chunks): a port that falls behind pays one send's latency for both, not one a piece.
     came = [a for a in sorted(nic.arrivals) if a[3] > a[2]]
     ahead = collections.deque(busy)  # the copies of the own pieces the port has not passed
+    # A plan of blocks that relays chunks: in its rounds of ``group`` the first turns
+    # (``forward_mates``) had the block's first ``relay`` chunks from their own rails.
+    inside = shape.group - 1 if shape.group > 1 and shape.relay else 0
+    relayed_rounds = {k for k, w in enumerate(shape.widths(hosts), 1)
+                      if w == shape.group} if inside else set()
     i = 0
     while i < len(came):
         at, k, lo, hi = came[i]
@@ -373,19 +384,25 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
         while i < len(came) and came[i][1] == k and came[i][2] == hi and came[i][0] <= t:
             hi = came[i][3]
             i += 1
-        copies += mates - 1
-        one = host.time((hi - lo) * cb)
+        legs = [(lo, hi, 1, mates)]  # (first chunk, end chunk, first turn, end turn)
+        if k in relayed_rounds:
+            rest = max(lo, shape.relay)
+            legs = [(rest, hi, 1, inside + 1)] * (hi > rest) + [(lo, hi, inside + 1, mates)]
+        copies += sum(e - f for _, _, f, e in legs)
         while ahead and ahead[0][1] <= t:
             ahead.popleft()
-        if not record and not (ahead and ahead[0][0] < t + (mates - 1) * one):
-            t += (mates - 1) * one
+        took = sum((e - f) * host.time((b - a) * cb) for a, b, f, e in legs)
+        if not record and not (ahead and ahead[0][0] < t + took):
+            t += took
             continue
-        for turn in range(1, mates):
-            while ahead and ahead[0][0] < t + one:  # a send at a time around the copies
-                t = max(t, ahead.popleft()[1])
-            if record:
-                nvl.append((t, turn, lo, hi, -k))
-            t += one
+        for a, b, first, stop in legs:
+            one = host.time((b - a) * cb)
+            for turn in range(first, stop):
+                while ahead and ahead[0][0] < t + one:  # a send at a time around the copies
+                    t = max(t, ahead.popleft()[1])
+                if record:
+                    nvl.append((t, turn, a, b, -k))
+                t += one
     if busy:
         nvl.sort()
     return _Estimate(nvl, nic.sends, max(t, nic.u, end), copies + len(nic.sends))
@@ -481,6 +498,29 @@ def block_moves(widths: Sequence[int], mates: int) -> list[list[tuple[int, int]]
     return rounds
 
 
+def forward_mates(slot: int, mates: int, group: int, relayed: bool) -> list[int]:
+    """The slots a GPU forwards what came on its rail to, in order (the ``turn``-th first),
+    each turn a permutation of the slots, so no GPU receives from two mates at once: the
+    mate ``turn`` places on. Where a plan of blocks relays chunks, the mates of its own
+    group of slots come first: in a round of blocks of ``group`` they had the block's
+    relayed chunks from their own rails (``relay_ahead``) and take the rest; after them the
+    other groups', a group and a place in it at a time. (Inverted, a ReduceScatter's first
+    reduction into a block then covers all of it: MSCCL holds a range in one buffer.)"""
+    if not relayed:
+        return [(slot + d) % mates for d in range(1, mates)]
+    groups, (block, place) = mates // group, divmod(slot, group)
+    return [(block + b) % groups * group + (place + e) % group
+            for b in range(groups) for e in range(0 if b else 1, group)]
+
+
+def relay_ahead(ahead: int, slot: int, group: int, e: int) -> int:
+    """How many hosts on a GPU sends its ``e``-th relayed send (1 .. ``group - 1``) of a
+    round of blocks of ``group`` in which its block goes ``ahead`` hosts on: to each other
+    host of the round, where another slot of its group receives that block (``block_moves``)
+    and forwards it to this GPU's rail peer without the relayed chunks (``forward_mates``)."""
+    return ahead - slot % group + (slot + e) % group
+
+
 def copy_turns(mates: int, group: int) -> list[int]:
     """The order a GPU copies its own shard to its mates in (turn ``d``: the mate ``d``
     places on): where shards go on the rail in blocks, the mate one place back first, so
@@ -502,6 +542,10 @@ def _grouped(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
     widths = shape.widths(hosts)
     singles = shape.singles(hosts)
     units = shape.rail_units(hosts, 0, c)
+    if reduced and shape.relay:  # inverted, the relayed chunks are reduced apart from the rest
+        units = [(k, x, y) for k, a, b in units for x, y in itertools.pairwise(
+            [a, *([shape.relay] if a < shape.relay < b and widths[k - 1] == shape.group
+                  else []), b])]
     if reduced:
         half = c // 2
         assert half, "a ReduceScatter's blocks need two chunks a shard at least"
@@ -529,6 +573,9 @@ def _grouped(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
     for k, a, b in units:
         if k > singles or not reduced:
             nic.send(k, a, b, ready[widths[k - 1]] if k > singles else 0.0)
+    for k, w in enumerate(widths, 1):  # relayed chunks last: they land where they arrive
+        for e in range(1, w if shape.relay and w == shape.group else 1):
+            nic.send(k, 0, shape.relay, relayed=e)
     return 0.0 if reduced else end
 
 
@@ -651,6 +698,8 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
                 grouped = Shape(c, 0, 0, group=g)
                 consider(grouped)
                 _pace(grouped, hosts, mates, shard, host, rail, consider, reduced)
+                for r in block_relays(g, c, mates, hosts, host, rail) if relayed else ():
+                    _even(replace(grouped, relay=r), hosts, consider, reduced)
     # The fastest few ways, with their last pieces paced by the ports instead
     for c, r, split, late, between in sorted(tried, key=tried.__getitem__)[:PACED_WAYS]:
         _pace(Shape(c, r, 0, split, late, between=between), hosts, mates, shard, host, rail,
@@ -676,6 +725,37 @@ def _pace(shape: Shape, hosts: int, mates: int, shard: float, host: Hop, rail: H
         paced = paced_cuts(widths, mates, cb, host, rail, lag * whole)
         if paced:
             consider(replace(shape, cuts=paced))
+
+
+def block_relays(group: int, chunks: int, mates: int, hosts: int, host: Hop, rail: Hop
+                 ) -> list[int]:
+    """The relayed chunks (``Shape.relay``) to try for a plan of blocks of ``group`` where
+    the NVSwitch ports are the bound (none elsewhere): 0 and the two counts nearest the
+    share ``x`` of a shard that balances the ports. Each of the ``R`` relayed sends a GPU
+    makes (``group - 1`` per round of ``group``) moves ``x`` of a shard from a port onto a
+    NIC: ``hosts - 1 + R x`` shards on the NIC, ``(mates - 1) hosts - R x`` on the port."""
+    a, b = rail.beta, host.beta
+    sends = (group - 1) * Shape(chunks, 0, 0, group=group).widths(hosts).count(group)
+    x = ((mates - 1) * hosts * b - (hosts - 1) * a) / (sends * (a + b)) if sends else 0.0
+    if x <= 0:
+        return []
+    return sorted({0} | {min(chunks - 1, max(1, int(x * chunks) + d)) for d in (0, 1)})
+
+
+def _even(shape: Shape, hosts: int, consider: Callable[[Shape], None],
+          reduced: bool = False) -> None:
+    """``consider`` ``shape`` (a plan of blocks) with every round of blocks cut into even
+    pieces (``Shape.cuts``) of half a shard to four shards: where the NVSwitch ports are
+    the bound, a port that falls behind then forwards what has come while the rest of a
+    round arrives, joining what has come by then, instead of waiting for whole rounds."""
+    c = shape.chunks
+    widths = [w * c for w in shape.widths(hosts)]
+    if reduced:  # the own shard's rounds stay whole (``_grouped``)
+        widths = widths[shape.singles(hosts):]
+    consider(shape)
+    for piece in sorted({max(1, c // 2), c, 2 * c, 4 * c}):
+        consider(replace(shape, cuts=tuple(piece for w in reversed(widths)
+                                           for _ in range(-(-w // piece)))))
 
 
 def _tailed(shape: Shape) -> tuple[int, int]:
@@ -815,21 +895,25 @@ def _block_plan(hosts: list[list[int]], shape: Shape, est: _Estimate, host: Hop,
                 cb: float) -> np.ndarray:
     """``plan``'s rows where the rail rounds send blocks of mates' shards
     (``block_moves``; one block of hosts, each host's ranks consecutive)."""
-    mates, nh, c = len(hosts[0]), len(hosts), shape.chunks
+    mates, nh, c, g = len(hosts[0]), len(hosts), shape.chunks, shape.group
     moves = block_moves(shape.widths(nh), mates)
     rows = []
     for h, members in enumerate(hosts):
         for p, r in enumerate(members):
+            forwards = forward_mates(p, mates, g, shape.relay > 0)
             for start, turn, lo, hi, whose in est.nvl:
                 if whose:  # what came in round -whose, from the host that many back
                     ahead, first = moves[-whose - 1][p]
                     origin = hosts[(h - ahead) % nh][first]
+                    to = forwards[turn - 1]
                 else:
-                    origin = r
-                rows.append((start, host.time((hi - lo) * cb), r, members[(p + turn) % mates],
+                    origin, to = r, (p + turn) % mates
+                rows.append((start, host.time((hi - lo) * cb), r, members[to],
                              origin * c + lo, hi - lo))
-            for start, k, lo, hi, _ in est.nic:
+            for start, k, lo, hi, e in est.nic:
                 ahead, first = moves[k - 1][p]
+                if e:
+                    ahead = relay_ahead(ahead, p, g, e)
                 rows.append((start, rail.time((hi - lo) * cb), r, hosts[(h + ahead) % nh][p],
                              members[first] * c + lo, hi - lo))
     return np.asarray(rows, dtype=np.float64).reshape(-1, 6)

@@ -6,6 +6,7 @@ program fits one ConfigMap per node and passes the MSCCL validator."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -14,10 +15,11 @@ from choreo.bounds import lower_bound
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
 from choreo.msccl.api import to_xml
+from choreo.msccl.layout import MAX_CNT
 from choreo.msccl.lower import lowerable
 from choreo.msccl.split import MAX_CONFIGMAP_BYTES, split_per_node
 from choreo.msccl.validate import validate
-from choreo.railgather import layout, plans, rail_gather
+from choreo.railgather import Shape, block_groups, estimate, layout, plans, rail_gather
 from choreo.report import tenant_bounds
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, synthesize
@@ -115,5 +117,43 @@ def test_rail_rounds_of_blocks(preset: str, hosts: int, collective: Collective,
     verdict = verify(s)
     assert verdict.ok, verdict.summary()
     assert simulate(s).makespan <= plan.estimate * (1 + 1e-9)
+    if demand.n <= 64:
+        assert lowerable(s) == ""
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mates=st.sampled_from([4, 8, 16]), hosts=st.integers(4, 12),
+       collective=st.sampled_from([Collective.ALLGATHER, Collective.REDUCESCATTER]),
+       size_mib=st.sampled_from([1, 64, 1024]), data=st.data())
+def test_rounds_of_blocks_that_relay_chunks(mates: int, hosts: int, collective: Collective,
+                                            size_mib: int, data: st.DataObject) -> None:
+    """Where the NVSwitch ports are the bound (switch2d, 12x their NICs): a plan of blocks
+    whose rounds of ``group`` relay any share of the block's first shard, in any even
+    pieces, verifies (every chunk reaches every rank once: the relayed chunks and the rest
+    of the block by other ways), simulates no slower than its estimate (every forward turn
+    a permutation, so no GPU receives from two mates at once), and, up to 64 ranks, lowers
+    (a ReduceScatter's reductions each into one buffer)."""
+    fabric = build(f"switch2d-{mates}x{hosts}")
+    ranks = tuple(fabric.npus)
+    base = plans(fabric, [Demand(collective, ranks, size_mib << 20, 1)])[0]
+    group = data.draw(st.sampled_from(block_groups(base.hosts, 1)), label="group")
+    chunks = data.draw(st.sampled_from([c for c in (2, 4, 8, 16, 32) if group * c <= MAX_CNT]),
+                       label="chunks")
+    relay = data.draw(st.integers(1, chunks - 1), label="relay")
+    piece = data.draw(st.sampled_from([0, 1, chunks // 2, chunks, 2 * chunks]), label="piece")
+    reduced = collective is Collective.REDUCESCATTER
+    shape = Shape(chunks, relay, 0, group=group)
+    widths = [w * chunks for w in shape.widths(hosts)][shape.singles(hosts) if reduced else 0:]
+    if piece:
+        shape = replace(shape, cuts=tuple(piece for w in reversed(widths)
+                                          for _ in range(-(-w // piece))))
+    shard = (size_mib << 20) / len(ranks)
+    est = estimate(shape, mates, hosts, shard, base.host, base.rail, reduced)
+    demand = Demand(collective, ranks, size_mib << 20, chunks)
+    s = rail_gather(fabric, [demand], [replace(base, phases=[(reduced, shape)],
+                                               estimate=est.end)])
+    verdict = verify(s)
+    assert verdict.ok, verdict.summary()
+    assert simulate(s).makespan <= est.end * (1 + 1e-9)
     if demand.n <= 64:
         assert lowerable(s) == ""
