@@ -384,18 +384,20 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
         while i < len(came) and came[i][1] == k and came[i][2] == hi and came[i][0] <= t:
             hi = came[i][3]
             i += 1
-        legs = [(lo, hi, 1, mates)]  # (first chunk, end chunk, first turn, end turn)
-        if k in relayed_rounds:
-            rest = max(lo, shape.relay)
-            legs = [(rest, hi, 1, inside + 1)] * (hi > rest) + [(lo, hi, inside + 1, mates)]
-        copies += sum(e - f for _, _, f, e in legs)
         while ahead and ahead[0][1] <= t:
             ahead.popleft()
-        took = sum((e - f) * host.time((b - a) * cb) for a, b, f, e in legs)
+        if k in relayed_rounds:  # (first chunk, end chunk, first turn, end turn)
+            rest = max(lo, shape.relay)
+            legs = [(rest, hi, 1, inside + 1)] * (hi > rest) + [(lo, hi, inside + 1, mates)]
+            sends = sum(e - f for _, _, f, e in legs)
+            took = sum((e - f) * host.time((b - a) * cb) for a, b, f, e in legs)
+        else:  # the common case, kept cheap for the search
+            legs, sends, took = [], mates - 1, (mates - 1) * host.time((hi - lo) * cb)
+        copies += sends
         if not record and not (ahead and ahead[0][0] < t + took):
             t += took
             continue
-        for a, b, first, stop in legs:
+        for a, b, first, stop in legs or [(lo, hi, 1, mates)]:
             one = host.time((b - a) * cb)
             for turn in range(first, stop):
                 while ahead and ahead[0][0] < t + one:  # a send at a time around the copies
