@@ -167,9 +167,10 @@ class Shape:
     ``group`` above 1 (without pieces of the own shard): the rail rounds after the first
     send blocks of that many mates' shards (``widths``, ``block_moves``), the last of them
     cut as ``cuts`` says; a ReduceScatter's own shard then goes to the mates in halves
-    around its last rail round (``_grouped``). ``relay`` there: in each round of blocks of
-    ``group`` the block's first ``relay`` chunks reach the receiver's group mates on their
-    own rails (``relay_ahead``), last, and its forwards to them leave those out."""
+    around its last rail round (``_grouped``), the first ``part`` chunks first (half where
+    0). ``relay`` there: in each round of blocks of ``group`` the block's first ``relay``
+    chunks reach the receiver's group mates on their own rails (``relay_ahead``), last, and
+    its forwards to them leave those out."""
 
     chunks: int
     relay: int
@@ -181,6 +182,7 @@ class Shape:
     cuts: tuple[int, ...] = ()
     between: bool = False
     group: int = 1
+    part: int = 0
 
     def widths(self, hosts: int) -> list[int]:
         """Shards each rail round sends (``hosts - 1`` in all): 1 in every round where
@@ -549,8 +551,8 @@ def _grouped(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
             [a, *([shape.relay] if a < shape.relay < b and widths[k - 1] == shape.group
                   else []), b])]
     if reduced:
-        half = c // 2
-        assert half, "a ReduceScatter's blocks need two chunks a shard at least"
+        half = shape.part or c // 2
+        assert 0 < half < c, "a ReduceScatter's blocks need two chunks a shard at least"
         for k, a, b in units:
             if k < singles:
                 nic.send(k, a, b)
@@ -668,7 +670,7 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
         nonlocal best, fitting
         lo, hi = _tailed(shape)
         key = (shape.chunks, shape.relay, shape.split, shape.late, shape.between,
-               shape.group, tuple(shape.rail_units(hosts, lo, hi)))
+               shape.group, shape.part, tuple(shape.rail_units(hosts, lo, hi)))
         if key in seen:
             return
         seen.add(key)
@@ -701,7 +703,8 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
                 consider(grouped)
                 _pace(grouped, hosts, mates, shard, host, rail, consider, reduced)
                 for r in block_relays(g, c, mates, hosts, host, rail) if relayed else ():
-                    _even(replace(grouped, relay=r), hosts, consider, reduced)
+                    for part in own_parts(c, mates, host, rail) if reduced else (0,):
+                        _even(replace(grouped, relay=r, part=part), hosts, consider, reduced)
     # The fastest few ways, with their last pieces paced by the ports instead
     for c, r, split, late, between in sorted(tried, key=tried.__getitem__)[:PACED_WAYS]:
         _pace(Shape(c, r, 0, split, late, between=between), hosts, mates, shard, host, rail,
@@ -742,6 +745,17 @@ def block_relays(group: int, chunks: int, mates: int, hosts: int, host: Hop, rai
     if x <= 0:
         return []
     return sorted({0} | {min(chunks - 1, max(1, int(x * chunks) + d)) for d in (0, 1)})
+
+
+def own_parts(chunks: int, mates: int, host: Hop, rail: Hop) -> list[int]:
+    """The first parts (``Shape.part``) a ReduceScatter of blocks tries for its own shard's
+    last rail round: half (0), and the two nearest the share ``a`` whose rail send takes as
+    long as the rest's copies to the mates, ``a rail = (1 - a) (mates - 1) host`` per byte.
+    Where the ports are the bound, a port that copied the rest then waits for the NIC no
+    longer than a chunk's difference (dgx-h100-4: 46 us with halves of 16 chunks)."""
+    b = (mates - 1) * host.beta
+    a = chunks * b / (rail.beta + b)
+    return sorted({0} | {p for p in (int(a), int(a) + 1) if 0 < p < chunks and 2 * p != chunks})
 
 
 def _even(shape: Shape, hosts: int, consider: Callable[[Shape], None],

@@ -129,10 +129,11 @@ def test_rounds_of_blocks_that_relay_chunks(mates: int, hosts: int, collective: 
                                             size_mib: int, data: st.DataObject) -> None:
     """Where the NVSwitch ports are the bound (switch2d, 12x their NICs): a plan of blocks
     whose rounds of ``group`` relay any share of the block's first shard, in any even
-    pieces, verifies (every chunk reaches every rank once: the relayed chunks and the rest
-    of the block by other ways), simulates no slower than its estimate (every forward turn
-    a permutation, so no GPU receives from two mates at once), and, up to 64 ranks, lowers
-    (a ReduceScatter's reductions each into one buffer)."""
+    pieces (a ReduceScatter's own shard in parts of any size), verifies (every chunk
+    reaches every rank once: the relayed chunks and the rest of the block by other ways),
+    simulates no slower than its estimate (every forward turn a permutation, so no GPU
+    receives from two mates at once), and, up to 64 ranks, lowers (a ReduceScatter's
+    reductions each into one buffer)."""
     fabric = build(f"switch2d-{mates}x{hosts}")
     ranks = tuple(fabric.npus)
     base = plans(fabric, [Demand(collective, ranks, size_mib << 20, 1)])[0]
@@ -142,7 +143,8 @@ def test_rounds_of_blocks_that_relay_chunks(mates: int, hosts: int, collective: 
     relay = data.draw(st.integers(1, chunks - 1), label="relay")
     piece = data.draw(st.sampled_from([0, 1, chunks // 2, chunks, 2 * chunks]), label="piece")
     reduced = collective is Collective.REDUCESCATTER
-    shape = Shape(chunks, relay, 0, group=group)
+    part = data.draw(st.integers(0, chunks - 1), label="part") if reduced else 0
+    shape = Shape(chunks, relay, 0, group=group, part=part)
     widths = [w * chunks for w in shape.widths(hosts)][shape.singles(hosts) if reduced else 0:]
     if piece:
         shape = replace(shape, cuts=tuple(piece for w in reversed(widths)
