@@ -166,9 +166,9 @@ class Shape:
     ``between`` between its first two rail rounds, which alone are cut into the pieces.
     ``group`` above 1 (without pieces of the own shard): the rail rounds after the first
     send blocks of that many mates' shards (``widths``, ``block_moves``), the last of them
-    cut as ``cuts`` says; a ReduceScatter's own shard then goes to the mates in halves
-    around its last rail round (``_grouped``), the first ``part`` chunks first (half where
-    0). ``relay`` there: in each round of blocks of ``group`` the block's first ``relay``
+    cut as ``cuts`` says; a ReduceScatter's own shard then goes to the mates in two parts
+    around its last rail round (``_grouped``), the first ``part`` chunks (half where 0)
+    leaving first. ``relay`` there: in each round of blocks of ``group`` the block's first ``relay``
     chunks reach the receiver's group mates on their own rails (``relay_ahead``), last, and
     its forwards to them leave those out."""
 
@@ -201,6 +201,12 @@ class Shape:
         """The first rail rounds, those that send the own shard alone."""
         widths = self.widths(hosts)
         return next((k for k, w in enumerate(widths) if w > 1), len(widths))
+
+    def cut_widths(self, hosts: int, reduced: bool) -> list[int]:
+        """Chunks of each rail round that ``cuts`` may cut in a plan of blocks, in order: all
+        of them, but a ReduceScatter's own shard's rounds, which go whole (``_grouped``)."""
+        widths = [w * self.chunks for w in self.widths(hosts)]
+        return widths[self.singles(hosts):] if reduced else widths
 
     @property
     def pieces(self) -> tuple[tuple[int, int], ...]:
@@ -274,7 +280,8 @@ class Shape:
 class _Estimate:
     """The sends of one GPU (every GPU alike), each with its estimated start: ``nvl`` are
     (start, turn, first chunk, end chunk, whose shard: -k for the rail round k's, 0 own),
-    ``nic`` are (start, round, first chunk, end chunk, mate turn or 0 for the own shard)."""
+    ``nic`` are (start, round, first chunk, end chunk, mate turn or 0 for the own shard;
+    in a plan of blocks, the other host its relayed chunks go to, ``_Nic.send``)."""
 
     nvl: list[tuple[float, int, int, int, int]]
     nic: list[tuple[float, int, int, int, int]]
@@ -298,14 +305,15 @@ class _Nic:
     relays: collections.deque[list[int]] = field(default_factory=collections.deque)
     copied: dict[int, float] = field(default_factory=dict)
 
-    def send(self, k: int, a: int, b: int, after: float = 0.0, relayed: int = 0) -> None:
+    def send(self, k: int, a: int, b: int, after: float = 0.0, other: int = 0) -> None:
         """Chunks ``a..b-1`` of what round ``k`` sends (the own shard, or a block of mates'
-        shards) on the rail, not before ``after``; ``relayed`` (a plan of blocks' relayed
-        chunks: which of the round's other hosts, ``relay_ahead``) lands where it arrives."""
+        shards) on the rail, not before ``after``; where ``other`` (1 ..), a plan of blocks'
+        relayed chunks to the round's ``other``-th other host (``relay_ahead``), which land
+        where they arrive."""
         u = self.u if self.u >= after else after
-        self.sends.append((u, k, a, b, relayed))
+        self.sends.append((u, k, a, b, other))
         self.u = u = u + self.rail.alpha + (b - a) * self.cb * self.rail.beta
-        if not relayed:
+        if not other:
             self.arrivals.append((u, k, a if a > self.relayed else self.relayed, b))
 
     def mates_copied(self, copied: dict[int, float]) -> None:
@@ -394,12 +402,13 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
             sends = sum(e - f for _, _, f, e in legs)
             took = sum((e - f) * host.time((b - a) * cb) for a, b, f, e in legs)
         else:  # the common case, kept cheap for the search
-            legs, sends, took = [], mates - 1, (mates - 1) * host.time((hi - lo) * cb)
+            legs = [(lo, hi, 1, mates)]
+            sends, took = mates - 1, (mates - 1) * host.time((hi - lo) * cb)
         copies += sends
         if not record and not (ahead and ahead[0][0] < t + took):
             t += took
             continue
-        for a, b, first, stop in legs or [(lo, hi, 1, mates)]:
+        for a, b, first, stop in legs:
             one = host.time((b - a) * cb)
             for turn in range(first, stop):
                 while ahead and ahead[0][0] < t + one:  # a send at a time around the copies
@@ -539,9 +548,9 @@ def _grouped(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
     round of blocks leaves once their shards have come (every GPU alike, so at the slowest
     slot's). In an AllGather the own shard goes to the mates at once; returns when those
     copies end. In a ReduceScatter (no two sends of the own chunks overlap) the last round
-    of the own shard goes in two halves, each half's copies while the NIC sends the other;
-    ``busy`` then holds the copies' spans, the port forwarding around them, and it returns
-    0."""
+    of the own shard goes in two parts (``Shape.part``), each part's copies while the NIC
+    sends the other; ``busy`` then holds the copies' spans, the port forwarding around
+    them, and it returns 0."""
     c = shape.chunks
     widths = shape.widths(hosts)
     singles = shape.singles(hosts)
@@ -551,20 +560,20 @@ def _grouped(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
             [a, *([shape.relay] if a < shape.relay < b and widths[k - 1] == shape.group
                   else []), b])]
     if reduced:
-        half = shape.part or c // 2
-        assert 0 < half < c, "a ReduceScatter's blocks need two chunks a shard at least"
+        first = shape.part or c // 2
+        assert 0 < first < c, "a ReduceScatter's blocks need two chunks a shard at least"
         for k, a, b in units:
             if k < singles:
                 nic.send(k, a, b)
-        start = nic.u  # the NIC sends the first half while the second goes to the mates
-        nic.send(singles, 0, half)
+        start = nic.u  # the NIC sends the first part while the second goes to the mates
+        nic.send(singles, 0, first)
         first_sent = nic.u
-        second = _copy(shape, half, c, start, mates, host.time((c - half) * cb), nvl, {})
-        nic.send(singles, half, c, second)
+        second = _copy(shape, first, c, start, mates, host.time((c - first) * cb), nvl, {})
+        nic.send(singles, first, c, second)
         t0 = max(second, first_sent)
-        end = _copy(shape, 0, half, t0, mates, host.time(half * cb), nvl, {})
+        end = _copy(shape, 0, first, t0, mates, host.time(first * cb), nvl, {})
         busy += [(start, second), (t0, end)]
-        seconds = host.time(half * cb)
+        seconds = host.time(first * cb)
     else:
         t0, seconds = 0.0, host.time(c * cb)
         end = _copy(shape, 0, c, t0, mates, seconds, nvl, {})
@@ -579,7 +588,7 @@ def _grouped(shape: Shape, mates: int, hosts: int, cb: float, host: Hop, nic: _N
             nic.send(k, a, b, ready[widths[k - 1]] if k > singles else 0.0)
     for k, w in enumerate(widths, 1):  # relayed chunks last: they land where they arrive
         for e in range(1, w if shape.relay and w == shape.group else 1):
-            nic.send(k, 0, shape.relay, relayed=e)
+            nic.send(k, 0, shape.relay, other=e)
     return 0.0 if reduced else end
 
 
@@ -719,9 +728,7 @@ def _pace(shape: Shape, hosts: int, mates: int, shard: float, host: Hop, rail: H
     shard's rounds kept whole)."""
     cb = shard / shape.chunks
     if shape.group > 1:
-        widths = [w * shape.chunks for w in shape.widths(hosts)]
-        if reduced:
-            widths = widths[shape.singles(hosts):]
+        widths = shape.cut_widths(hosts, reduced)
     else:
         lo, hi = _tailed(shape)
         widths = [hi - lo] * (hosts - 1)
@@ -765,13 +772,16 @@ def _even(shape: Shape, hosts: int, consider: Callable[[Shape], None],
     the bound, a port that falls behind then forwards what has come while the rest of a
     round arrives, joining what has come by then, instead of waiting for whole rounds."""
     c = shape.chunks
-    widths = [w * c for w in shape.widths(hosts)]
-    if reduced:  # the own shard's rounds stay whole (``_grouped``)
-        widths = widths[shape.singles(hosts):]
+    widths = shape.cut_widths(hosts, reduced)
     consider(shape)
     for piece in sorted({max(1, c // 2), c, 2 * c, 4 * c}):
-        consider(replace(shape, cuts=tuple(piece for w in reversed(widths)
-                                           for _ in range(-(-w // piece)))))
+        consider(replace(shape, cuts=even_cuts(widths, piece)))
+
+
+def even_cuts(widths: Sequence[int], piece: int) -> tuple[int, ...]:
+    """``Shape.cuts`` that cut rounds of ``widths`` chunks into pieces of ``piece`` (each
+    round's first piece what is left), the last first."""
+    return tuple(piece for w in reversed(widths) for _ in range(-(-w // piece)))
 
 
 def _tailed(shape: Shape) -> tuple[int, int]:

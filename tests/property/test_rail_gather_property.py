@@ -19,7 +19,7 @@ from choreo.msccl.layout import MAX_CNT
 from choreo.msccl.lower import lowerable
 from choreo.msccl.split import MAX_CONFIGMAP_BYTES, split_per_node
 from choreo.msccl.validate import validate
-from choreo.railgather import Shape, block_groups, estimate, layout, plans, rail_gather
+from choreo.railgather import Shape, block_groups, estimate, even_cuts, layout, plans, rail_gather
 from choreo.report import tenant_bounds
 from choreo.simulate import simulate
 from choreo.synth import SynthOptions, synthesize
@@ -145,10 +145,8 @@ def test_rounds_of_blocks_that_relay_chunks(mates: int, hosts: int, collective: 
     reduced = collective is Collective.REDUCESCATTER
     part = data.draw(st.integers(0, chunks - 1), label="part") if reduced else 0
     shape = Shape(chunks, relay, 0, group=group, part=part)
-    widths = [w * chunks for w in shape.widths(hosts)][shape.singles(hosts) if reduced else 0:]
     if piece:
-        shape = replace(shape, cuts=tuple(piece for w in reversed(widths)
-                                          for _ in range(-(-w // piece))))
+        shape = replace(shape, cuts=even_cuts(shape.cut_widths(hosts, reduced), piece))
     shard = (size_mib << 20) / len(ranks)
     est = estimate(shape, mates, hosts, shard, base.host, base.rail, reduced)
     demand = Demand(collective, ranks, size_mib << 20, chunks)
