@@ -28,7 +28,7 @@ import numpy as np
 
 from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
-from choreo.msccl.layout import MAX_CNT, RUNTIMES
+from choreo.msccl.layout import MAX_CNT, RUNTIMES, own_apart
 from choreo.routing import route, timed_plan
 from choreo.schedule import Op, Schedule
 from choreo.topology import Topology
@@ -50,18 +50,21 @@ CAPS = (1, 2, 3, 4, 8, 9)  # largest slice weights tried (1: equal slices)
 
 def busiest_host_steps(schedule: Schedule) -> int:
     """MSCCL steps of the busiest host's ranks, at most: a send and its receive are a step
-    each per ``MAX_CNT`` chunks of the range (the budget ``MAX_HOST_STEPS`` keeps a node's
-    file within one ConfigMap). Hosts are the ``host/`` prefixes of the NPU names."""
+    each per ``MAX_CNT`` chunks of the range, and per buffer the range spans (``own_apart``;
+    the budget ``MAX_HOST_STEPS`` keeps a node's file within one ConfigMap). Hosts are the
+    ``host/`` prefixes of the NPU names."""
     if not len(schedule):
         return 0
     names = schedule.fabric.names
     host_ids: dict[str, int] = {}
     host = np.array([host_ids.setdefault(names[v].split("/", 1)[0], len(host_ids))
                      for v in range(len(names))])
-    steps = np.ceil(schedule.count / MAX_CNT)
     per_host = np.zeros(len(host_ids))
-    np.add.at(per_host, host[schedule.src], steps)
-    np.add.at(per_host, host[schedule.dst], steps)
+    for t, demand in enumerate(schedule.demands):
+        mine, _ = own_apart(schedule.select(schedule.tenant == t), demand)
+        steps = np.ceil(mine.count / MAX_CNT)
+        np.add.at(per_host, host[mine.src], steps)
+        np.add.at(per_host, host[mine.dst], steps)
     return int(per_host.max())
 
 

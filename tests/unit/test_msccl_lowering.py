@@ -4,13 +4,16 @@ they compute the collective for both in-place and out-of-place calls."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from msccl_helpers import schedule
 
-from choreo.collectives import Collective
+from choreo.collectives import Collective, Demand
 from choreo.errors import InputError
+from choreo.generators import build
 from choreo.msccl import run, to_xml, validate
-from choreo.msccl.layout import DIALECTS, file_kinds
+from choreo.msccl.layout import DIALECTS, file_kinds, own_apart
+from choreo.schedule import Schedule
 
 TOPOLOGIES = ["ring-8", "uniring-6", "fc-8", "mesh-3x3", "torus-4x4", "hypercube-2x2x2",
               "switch-8", "switch2d-4x2", "3d-rfs-16", "dragonfly-4x5", "dgx1", "dgx2",
@@ -61,3 +64,23 @@ def test_rooted_collectives_check_the_root_they_were_built_for(collective: str,
     assert run(xml, root=root).ok
     wrong = run(xml, root=(root + 1) % 8)
     assert not wrong.ok
+
+
+@pytest.mark.parametrize(("collective", "edges"), [
+    (Collective.ALLGATHER, [1, 2, 4, 5]),  # the sender's own shard, chunks 2..3, in its input
+    (Collective.REDUCESCATTER, [1, 4, 5]),  # the receiver's, chunks 4..5, in its output
+    (Collective.ALLREDUCE, [1, 5])])  # every chunk in both buffers: one range
+def test_a_range_across_an_own_shard_is_cut_at_its_edges(collective: Collective,
+                                                         edges: list[int]) -> None:
+    """One step moves a contiguous range of one buffer, so a transfer whose chunks lie
+    partly in another (a rail plan's block of a whole host's shards) is cut there into
+    consecutive transfers, each its share of the time, the last ending as it did."""
+    fabric = build("switch-4")
+    demand = Demand(collective, tuple(fabric.npus), 1 << 20, 2)
+    one = np.ones(1)
+    s = Schedule(fabric, fabric, (demand,), tenant=0 * one, chunk=one, src=one,
+                 dst=2 * one, link=0 * one, start=one, end=5 * one, op=0 * one, count=4 * one)
+    cut, origin = own_apart(s, demand)
+    assert [*cut.chunk, cut.chunk[-1] + cut.count[-1]] == edges
+    assert [*cut.start, cut.end[-1]] == edges  # from 1 s to 5 s: a second a chunk
+    assert np.array_equal(cut.end[:-1], cut.start[1:]) and list(origin) == [0] * len(cut)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from choreo.collectives import Collective
+from choreo.collectives import Collective, Demand
+from choreo.schedule import Schedule
 
 PROTOCOLS = ("Simple", "LL", "LL128")
 
@@ -254,3 +255,46 @@ def linear_block(coll: Collective, n: int, chunks: int, output: bool) -> int | N
 def supports_inplace(coll: Collective) -> bool:
     """AllToAll in place would overwrite input blocks before they are sent."""
     return coll is not Collective.ALLTOALL
+
+
+def own_apart(mine: Schedule, demand: Demand) -> tuple[Schedule, np.ndarray]:
+    """``mine`` (one tenant's transfers) with each transfer whose range crosses an edge of
+    its sender's input shard (AllGather, Gather) or its receiver's output shard
+    (ReduceScatter, Scatter) cut there into consecutive transfers, each taking its share of
+    the time: those chunks sit in another buffer than the rest, and a step moves one
+    contiguous range. (A rail plan's round of blocks sends all of a host's shards, the
+    sender's own among them, in one transfer.) Returns the transfers and, per transfer, the
+    one it came from."""
+    kept = np.arange(len(mine))
+    if demand.collective in (Collective.ALLGATHER, Collective.GATHER):
+        side = mine.src
+    elif demand.collective in (Collective.REDUCESCATTER, Collective.SCATTER):
+        side = mine.dst
+    else:
+        return mine, kept
+    lut = np.full(int(max(side.max(), max(demand.ranks))) + 1, -1, dtype=np.int64)
+    lut[list(demand.ranks)] = np.arange(demand.n)
+    rank = lut[side]
+    lo = mine.chunk.astype(np.int64)
+    hi = lo + mine.count
+    edges = [rank * demand.chunks, (rank + 1) * demand.chunks]
+    cuts = [(rank >= 0) & (lo < e) & (e < hi) for e in edges]
+    pieces = 1 + cuts[0] + cuts[1]
+    if int(pieces.max()) == 1:
+        return mine, kept
+    origin = np.repeat(kept, pieces)
+    # per transfer its piece edges: lo, the shard's edges it crosses, hi
+    inner = np.where(cuts[0], edges[0], edges[1])
+    j = np.arange(len(origin)) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    p = pieces[origin]
+    first = np.where(j == 0, lo[origin], np.where(j == 1, inner[origin], edges[1][origin]))
+    last = np.where(j == p - 1, hi[origin],
+                    np.where(j == 0, inner[origin], edges[1][origin]))
+    start, took = mine.start[origin], (mine.end - mine.start)[origin]
+    share = took / mine.count[origin]
+    cols = {name: getattr(mine, name)[origin] for name in ("tenant", "src", "dst", "link", "op")}
+    return Schedule(mine.fabric, mine.topology, mine.demands, engine=mine.engine,
+                    meta=dict(mine.meta), chunk=first, count=last - first,
+                    start=start + share * (first - lo[origin]),
+                    end=np.where(j == p - 1, mine.end[origin],
+                                 start + share * (last - lo[origin])), **cols), origin

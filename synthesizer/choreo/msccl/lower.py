@@ -46,6 +46,7 @@ from choreo.msccl.layout import (
     chunk_units,
     input_index,
     output_index,
+    own_apart,
 )
 from choreo.msccl.packed import Codec, pack_members
 from choreo.msccl.split import TAIL, rank_nodes
@@ -198,13 +199,13 @@ class _Program:
         self.n, self.C, self.root = d.n, d.chunks, d.root
         self.file_gpus = d.n if file_gpus is None else file_gpus
         mask = schedule.tenant == tenant
-        self.gid = np.flatnonzero(mask)
-        if not len(self.gid):
+        if not mask.any():
             raise InputError(f"tenant {tenant}: the schedule has no transfers for it")
-        mine = schedule.select(mask)
+        mine, origin = own_apart(schedule.select(mask), d)
+        self.gid = np.flatnonzero(mask)[origin]
         self.count = mine.count.astype(np.int64)
         self.ranged = mine.ranged
-        self._ranks(schedule, mask)
+        self._ranks(mine)
         self.start, self.end, self.op = mine.start, mine.end, mine.op
         self.T = len(self.gid)
         self._atoms(mine)
@@ -222,9 +223,9 @@ class _Program:
         return (f"transfer {int(self.gid[x])} (tenant {self.tenant}, chunk {int(self.chunk[x])}, "
                 f"rank {int(self.src[x])} -> rank {int(self.dst[x])})")
 
-    def _ranks(self, schedule: Schedule, mask: np.ndarray) -> None:
+    def _ranks(self, mine: Schedule) -> None:
         d = self.demand
-        src, dst = schedule.src[mask], schedule.dst[mask]
+        src, dst = mine.src, mine.dst
         size = int(max(src.max(), dst.max(), max(d.ranks))) + 1
         lut = np.full(size, -1, dtype=np.int64)
         lut[list(d.ranks)] = np.arange(d.n)
@@ -239,7 +240,7 @@ class _Program:
                 "use GPUs of the communicator (synthesize with relay=False)")
         self.src, self.dst = sr.astype(np.int64), dr.astype(np.int64)
         self.rank_of = lut
-        self.chunk = schedule.chunk[mask].astype(np.int64)
+        self.chunk = mine.chunk.astype(np.int64)
         bad = np.flatnonzero((self.chunk < 0) | (self.count < 1)
                              | (self.chunk + self.count > d.num_chunks))
         if len(bad):
