@@ -13,6 +13,7 @@ output must hold exactly what the collective promises, in each call mode the fil
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -153,30 +154,57 @@ class _Machine:
         self.mode = "in-place" if inplace else "out-of-place"
         self.combining = units.coll.combining
         self.full = (1 << units.n) - 1
-        self.mem: dict[tuple[int, str, int], Value] = {}
-        self.alias = {g.id: units.inplace_alias(g.id, root) if inplace else {}
-                      for g in algo.gpus}
-        self.initial: dict[tuple[int, int], Value] = {}
+        self.sizes = {g.id: g for g in algo.gpus}
+        # In place, a rank's input units lo..hi-1 are its output units from lo + shift (the
+        # same memory; ``Units.inplace_alias`` is such a range for every collective).
+        self.alias: dict[int, tuple[int, int, int]] = {}
+        for g in algo.gpus:
+            alias = units.inplace_alias(g.id, root) if inplace else {}
+            if alias:
+                lo, hi = min(alias), max(alias) + 1
+                shift = alias[lo] - lo
+                assert len(alias) == hi - lo and all(alias[k] == k + shift for k in alias)
+                self.alias[g.id] = (lo, hi, shift)
+        # Each rank's buffers, a cell a chunk (None: never written); room for what the
+        # collective's input and the in-place aliases reach even where the file declares
+        # less (its steps are still checked against what it declares).
+        self.mem: dict[tuple[int, str], list[Value | None]] = {}
+        for g in algo.gpus:
+            lo, hi, shift = self.alias.get(g.id, (0, 0, 0))
+            self.mem[(g.id, "i")] = [None] * max(g.size("i"), units.in_units)
+            self.mem[(g.id, "o")] = [None] * max(g.size("o"), hi + shift, units.out_units)
+            self.mem[(g.id, "s")] = [None] * g.size("s")
+        self.initial: dict[int, list[Value]] = {}
         for g in algo.gpus:
             if not units.has_input(g.id, root):
                 continue
-            for k in range(units.in_units):
-                v: Value = ("r", k, 1 << g.id, "") if self.combining else ("d", g.id, k)
-                self.initial[(g.id, k)] = v
-                self.mem[self._cell(g.id, "i", k)] = v
+            k_units = range(units.in_units)
+            values: list[Value] = ([("r", k, 1 << g.id, "") for k in k_units] if self.combining
+                                   else [("d", g.id, k) for k in k_units])
+            self.initial[g.id] = values
+            for cells, a, b, k in self._segments(g.id, "i", 0, units.in_units):
+                cells[a:b] = values[k:k + b - a]
         self.fifo: dict[tuple[int, int, int], deque] = {}
-        self.sizes = {g.id: g for g in algo.gpus}
         self.errors = 0
 
     def error(self, text: str) -> None:
         self.result.errors.append(f"{self.mode}: {text}")
 
-    def _cell(self, gpu: int, buf: str, k: int) -> tuple[int, str, int]:
-        if buf == "i":
-            alias = self.alias[gpu].get(k)
-            if alias is not None:
-                return (gpu, "o", alias)
-        return (gpu, buf, k)
+    def _segments(self, gpu: int, buf: str, off: int, cnt: int
+                  ) -> list[tuple[list[Value | None], int, int, int]]:
+        """Where ``buf[off..off+cnt-1]`` of ``gpu`` lives: (cells, first, end, its first
+        index in ``buf``) per piece, in order (in place, input units may be output cells)."""
+        if buf == "i" and gpu in self.alias:
+            lo, hi, shift = self.alias[gpu]
+            a, b = max(off, lo), min(off + cnt, hi)
+            if a < b:
+                inside, out = self.mem[(gpu, "o")], self.mem[(gpu, "i")]
+                pieces = [(out, off, a, off)] if off < a else []
+                pieces.append((inside, a + shift, b + shift, a))
+                if b < off + cnt:
+                    pieces.append((out, b, off + cnt, b))
+                return pieces
+        return [(self.mem[(gpu, buf)], off, off + cnt, off)]
 
     def _where(self, g: int, tb: Tb, st: Step) -> str:
         return f"line {st.line}: gpu {g} tb {tb.id} step {st.s} ({st.type})"
@@ -187,14 +215,16 @@ class _Machine:
             self.error(f"{self._where(g, tb, st)}: reads {buf}[{off}..{off + st.cnt - 1}] "
                        f"outside the {gpu.size(buf)} chunk(s) of {buf}")
             return [("x", "out of bounds")] * st.cnt
-        out = []
-        for k in range(off, off + st.cnt):
-            v = self.mem.get(self._cell(g, buf, k))
-            if v is None:
-                self.error(f"{self._where(g, tb, st)}: reads {buf}[{k}] before anything was "
-                           "written there")
-                v = ("x", f"uninitialized {buf}[{k}] of gpu {g}")
-            out.append(v)
+        out: list[Value] = []
+        for cells, a, b, k in self._segments(g, buf, off, st.cnt):
+            part = cells[a:b]
+            if None in part:
+                for j, v in enumerate(part):
+                    if v is None:
+                        self.error(f"{self._where(g, tb, st)}: reads {buf}[{k + j}] before "
+                                   "anything was written there")
+                        part[j] = ("x", f"uninitialized {buf}[{k + j}] of gpu {g}")
+            out += part  # type: ignore[arg-type]  # every None replaced just above
         return out
 
     def _write(self, g: int, tb: Tb, st: Step, buf: str, off: int, values: list[Value]) -> None:
@@ -203,8 +233,14 @@ class _Machine:
             self.error(f"{self._where(g, tb, st)}: writes {buf}[{off}..{off + len(values) - 1}] "
                        f"outside the {gpu.size(buf)} chunk(s) of {buf}")
             return
-        for k, v in enumerate(values):
-            self.mem[self._cell(g, buf, off + k)] = v
+        for cells, a, b, k in self._segments(g, buf, off, len(values)):
+            cells[a:b] = values[k - off:k - off + b - a]
+
+    def _sum(self, xs: list[Value], ys: list[Value]) -> list[Value]:
+        """``_add`` of each pair, the usual one (two disjoint sums of a unit) inline."""
+        return [("r", a[1], a[2] | b[2], "")
+                if a[0] == "r" == b[0] and a[1] == b[1] and not a[2] & b[2] and not a[3]
+                and not b[3] else self._add(a, b) for a, b in zip(xs, ys, strict=True)]
 
     def _add(self, a: Value, b: Value) -> Value:
         if a[0] == "x" or b[0] == "x":
@@ -223,10 +259,28 @@ class _Machine:
         index = {(g, tb.id): tb for g, tb in tbs}
         pc = dict.fromkeys(index, 0)
         flag = dict.fromkeys(index, -1)
-        senders: dict[tuple[int, int, int], tuple[int, Tb]] = {}
+        if len(index) == len(tbs):
+            self._run_woken(tbs, index, pc, flag)
+        else:  # threadblocks that share an id share their place: follow them in passes
+            self._run_passes(tbs, index, pc, flag)
         for g, tb in tbs:
-            if tb.send >= 0:
-                senders[(g, tb.send, tb.chan)] = (g, tb)
+            k = pc[(g, tb.id)]
+            if k < len(tb.steps):
+                st = tb.steps[k]
+                reason = self._blocked(g, tb, st, index, flag) or "blocked"
+                self.result.stalls.append(Stall(g, tb.id, st.s, st.line,
+                                                f"{self.mode}: {reason}"))
+        if self.result.stalls:
+            return
+        for (src, dst, chan), q in self.fifo.items():
+            if q:
+                self.error(f"{len(q)} message(s) sent from gpu {src} to gpu {dst} on channel "
+                           f"{chan} were never received (first by {q[0][1]})")
+        self._check_outputs()
+
+    def _run_passes(self, tbs: list[tuple[int, Tb]], index: dict, pc: dict, flag: dict) -> None:
+        """Run the threadblocks in passes, in order, each as far as it can, until a pass
+        runs nothing: the order every run follows."""
         progress = True
         while progress:
             progress = False
@@ -245,20 +299,55 @@ class _Machine:
                     self.result.steps += 1
                     progress = True
                 pc[key] = k
-        for g, tb in tbs:
-            k = pc[(g, tb.id)]
-            if k < len(tb.steps):
-                st = tb.steps[k]
-                reason = self._blocked(g, tb, st, index, flag) or "blocked"
-                self.result.stalls.append(Stall(g, tb.id, st.s, st.line,
-                                                f"{self.mode}: {reason}"))
-        if self.result.stalls:
-            return
-        for (src, dst, chan), q in self.fifo.items():
-            if q:
-                self.error(f"{len(q)} message(s) sent from gpu {src} to gpu {dst} on channel "
-                           f"{chan} were never received (first by {q[0][1]})")
-        self._check_outputs()
+
+    def _run_woken(self, tbs: list[tuple[int, Tb]], index: dict, pc: dict, flag: dict) -> None:
+        """``_run_passes``' order, visiting only the threadblocks something may have
+        unblocked: a message on the connection one receives from, room on the one it sends
+        on, or a flag it waits for. One that nothing woke would stay blocked, so skipping it
+        changes nothing; one woken later in a pass runs in that pass, one before it in the
+        next, as the passes would."""
+        readers: dict[tuple[int, int, int], list[int]] = {}
+        writers: dict[tuple[int, int, int], list[int]] = {}
+        for i, (g, tb) in enumerate(tbs):
+            if tb.recv >= 0:
+                readers.setdefault((tb.recv, g, tb.chan), []).append(i)
+            if tb.send >= 0:
+                writers.setdefault((g, tb.send, tb.chan), []).append(i)
+        waiting: dict[tuple[int, int], list[int]] = {}  # (gpu, tb id) -> on its flag
+        now = list(range(len(tbs)))  # a heap of this pass's, by position
+        while now:
+            queued, later = set(now), set()
+            while now:
+                i = heapq.heappop(now)
+                g, tb = tbs[i]
+                key = (g, tb.id)
+                k = pc[key]
+                steps = tb.steps
+                while k < len(steps):
+                    st = steps[k]
+                    if self._blocked(g, tb, st, index, flag) is not None:
+                        if st.depid >= 0:
+                            waiting.setdefault((g, st.depid), []).append(i)
+                        break
+                    self._step(g, tb, st)
+                    woken: list[int] = []
+                    if st.type in RECVS:
+                        woken += writers.get((tb.recv, g, tb.chan), ())
+                    if st.type in SENDS:
+                        woken += readers.get((g, tb.send, tb.chan), ())
+                    if st.hasdep == 1:
+                        flag[key] = st.s
+                        woken += waiting.pop(key, ())
+                    for j in woken:
+                        if j > i and j not in queued:
+                            heapq.heappush(now, j)
+                            queued.add(j)
+                        elif j < i:
+                            later.add(j)
+                    k += 1
+                    self.result.steps += 1
+                pc[key] = k
+            now = sorted(later)
 
     def _blocked(self, g: int, tb: Tb, st: Step, index: dict, flag: dict) -> str | None:
         """None if ``st`` can run now, else what it waits for."""
@@ -302,10 +391,10 @@ class _Machine:
             incoming = values
         src = self._read(g, tb, st, st.srcbuf, st.srcoff) if t in READS_SRC else []
         if t in ("rrs", "rrc", "rrcs"):
-            result = [self._add(a, b) for a, b in zip(incoming, src, strict=True)]
+            result = self._sum(incoming, src)
         elif t == "re":
             dst = self._read(g, tb, st, st.dstbuf, st.dstoff)
-            result = [self._add(a, b) for a, b in zip(dst, src, strict=True)]
+            result = self._sum(dst, src)
         elif t in ("r", "rcs"):
             result = incoming
         else:  # s, cpy
@@ -318,9 +407,19 @@ class _Machine:
 
     def _check_outputs(self) -> None:
         units = self.units
+        seen: dict[int, tuple[int, int]] = {}
+        want: list[Value] = []
         for gpu in self.algo.gpus:
-            for k, (origin, unit) in units.expected(gpu.id, self.root).items():
-                v = self.mem.get(self._cell(gpu.id, "o", k))
+            cells = self.mem[(gpu.id, "o")]
+            expected = units.expected(gpu.id, self.root)
+            if expected != seen:  # ranks mostly expect alike (AllReduce, AllGather)
+                seen = expected
+                want = [("d", origin, unit) if origin >= 0 else ("r", unit, self.full, "")
+                        for origin, unit in expected.values()]
+            if [cells[k] if k < len(cells) else None for k in expected] == want:
+                continue  # every output as promised; else each wrong one is named below
+            for k, (origin, unit) in expected.items():
+                v = cells[k] if k < len(cells) else None
                 where = f"gpu {gpu.id} o[{k}]"
                 if v is None:
                     self.error(f"{where}: never written")
@@ -338,10 +437,13 @@ class _Machine:
                     self.error(f"{where}: holds {_show(v)}, expected input unit {unit} of "
                                f"rank {origin}")
         if not self.inplace:
-            for (g, k), v in self.initial.items():
-                if self.mem.get((g, "i", k)) != v:
-                    self.error(f"gpu {g} i[{k}]: the input was overwritten (an out-of-place "
-                               "call's send buffer must stay intact)")
+            for g, values in self.initial.items():
+                cells = self.mem[(g, "i")]
+                if cells[:len(values)] != values:
+                    for k, v in enumerate(values):
+                        if cells[k] != v:
+                            self.error(f"gpu {g} i[{k}]: the input was overwritten (an "
+                                       "out-of-place call's send buffer must stay intact)")
 
 
 def _ranks(mask: int) -> str:
