@@ -24,7 +24,7 @@ Each rail round costs a NIC a send's latency, and a plan of many hosts has many 
 after a round or two of its own shard a rank may send blocks of ``group`` mates' shards
 instead (consecutive ranks: one range of the buffer; a block of all the host's shards holds
 the sender's own too, which its MSCCL program reads from another buffer, so the lowering
-cuts those sends at it, ``msccl.lower.own_apart``): a round of blocks reaches ``group``
+cuts those sends at it, ``msccl.layout.own_apart``): a round of blocks reaches ``group``
 hosts, one per rail of each
 group of slots, so every NIC still carries its share and receives from one host at a time,
 in about ``1 / group`` the rounds (``block_moves``). A port then forwards a block in one
@@ -290,7 +290,7 @@ class _Estimate:
     end: float
     # MSCCL steps of one GPU's sends, each at both ends (a step per MAX_CNT chunks of a
     # range and per buffer it spans; a mean over the host's GPUs where they differ)
-    sends: float
+    steps: float
 
 
 @dataclass
@@ -403,11 +403,12 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
         if k in relayed_rounds:  # (first chunk, end chunk, first turn, end turn)
             rest = max(lo, shape.relay)
             legs = [(rest, hi, 1, inside + 1)] * (hi > rest) + [(lo, hi, inside + 1, mates)]
-            sends = sum((e - f) * steps(b - a) for a, b, f, e in legs)
+            sends = sum((e - f) * msccl_steps(b - a) for a, b, f, e in legs)
             took = sum((e - f) * host.time((b - a) * cb) for a, b, f, e in legs)
         else:  # the common case, kept cheap for the search
             legs = [(lo, hi, 1, mates)]
-            sends, took = (mates - 1) * steps(hi - lo), (mates - 1) * host.time((hi - lo) * cb)
+            sends, took = ((mates - 1) * msccl_steps(hi - lo),
+                           (mates - 1) * host.time((hi - lo) * cb))
         copies += sends
         if not record and not (ahead and ahead[0][0] < t + took):
             t += took
@@ -426,7 +427,7 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
                      copies + _rail_steps(shape, mates, hosts, nic.sends))
 
 
-def steps(chunks: int) -> int:
+def msccl_steps(chunks: int) -> int:
     """MSCCL steps of a send of ``chunks`` consecutive chunks in one buffer."""
     return -(-chunks // MAX_CNT)
 
@@ -435,16 +436,16 @@ def _rail_steps(shape: Shape, mates: int, hosts: int,
                 sends: Sequence[tuple[float, int, int, int, int]]) -> float:
     """MSCCL steps of one GPU's rail ``sends`` (``_Estimate.nic``), the mean over a host's
     GPUs: a round of blocks of the whole host's shards is cut at the sender's own
-    (``msccl.lower.own_apart``), which lies at another place of the block on each GPU."""
+    (``msccl.layout.own_apart``), which lies at another place of the block on each GPU."""
     whole = {k for k, w in enumerate(shape.widths(hosts), 1) if w == mates > 1}
     c, total = shape.chunks, 0.0
     for _, k, a, b, _ in sends:
         if k not in whole:
-            total += steps(b - a)
+            total += msccl_steps(b - a)
             continue
         for p in range(mates):
             edges = [a, *(e for e in (p * c, p * c + c) if a < e < b), b]
-            total += sum(steps(y - x) for x, y in itertools.pairwise(edges)) / mates
+            total += sum(msccl_steps(y - x) for x, y in itertools.pairwise(edges)) / mates
     return total
 
 
@@ -717,7 +718,7 @@ def search(mates: int, hosts: int, shard: float, host: Hop, rail: Hop, reduced: 
             tried[way] = min(tried.get(way, est.end), est.end)
         if est.end < best[0] * (1 - 1e-9):
             best = (est.end, shape)
-        if 2 * mates * est.sends <= steps and (
+        if 2 * mates * est.steps <= steps and (
                 fitting is None or est.end < fitting[0] * (1 - 1e-9)):
             fitting = (est.end, shape)
 
@@ -1078,7 +1079,7 @@ def _shape(fabric: Topology, d: Demand, hosts: list[list[int]], blocks: int, hos
             found = [(r, search(mates, nh, shard, host, rail, r, (c,), relayed=relayed,
                                 groups=groups)) for r in (True, False)]
             steps = sum(2 * mates * estimate(shape, mates, nh, shard, host, rail, r,
-                                             record=False).sends for r, (_, shape) in found)
+                                             record=False).steps for r, (_, shape) in found)
             if steps <= MAX_HOST_STEPS:
                 return found
             return [(r, search(mates, nh, shard, host, rail, r, (c,), MAX_HOST_STEPS // 2,

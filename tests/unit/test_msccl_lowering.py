@@ -84,3 +84,5 @@ def test_a_range_across_an_own_shard_is_cut_at_its_edges(collective: Collective,
     assert [*cut.chunk, cut.chunk[-1] + cut.count[-1]] == edges
     assert [*cut.start, cut.end[-1]] == edges  # from 1 s to 5 s: a second a chunk
     assert np.array_equal(cut.end[:-1], cut.start[1:]) and list(origin) == [0] * len(cut)
+    none = s.select(np.zeros(1, dtype=bool))  # a tenant with nothing to move
+    assert len(own_apart(none, demand)[0]) == 0

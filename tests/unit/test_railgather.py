@@ -633,7 +633,7 @@ def test_dgx_h100_16_gathers_within_3_percent_of_the_bound_in_blocks_of_the_whol
     assert simulate(s).makespan == pytest.approx(plan.estimate, rel=1e-9)
     est = estimate(shape, 8, 16, demand.size / demand.n, plan.host, plan.rail,
                    collective is Collective.REDUCESCATTER, record=False)
-    assert busiest_host_steps(s) == pytest.approx(2 * 8 * est.sends)
+    assert busiest_host_steps(s) == pytest.approx(2 * 8 * est.steps)
     assert busiest_host_steps(s) <= MAX_HOST_STEPS
     assert lowerable(s) == ""
 
@@ -691,7 +691,7 @@ def test_relayed_blocks_bring_switch2d_16x16_within_3_percent_of_the_bound(
     ((reduced, shape),) = plan.phases
     assert shape.group > 1 and shape.relay
     est = estimate(shape, 16, 16, GIB / demand.n, plan.host, plan.rail, reduced)
-    assert 2 * 16 * est.sends <= MAX_HOST_STEPS
+    assert 2 * 16 * est.steps <= MAX_HOST_STEPS
     bound = lower_bound(fabric, replace(demand, chunks=shape.chunks), whole_chunks=False)
     assert bound.value_s / plan.estimate >= 0.97
     s = rail_gather(fabric, [replace(demand, chunks=shape.chunks)], [plan])

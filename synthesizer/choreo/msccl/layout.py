@@ -266,6 +266,8 @@ def own_apart(mine: Schedule, demand: Demand) -> tuple[Schedule, np.ndarray]:
     sender's own among them, in one transfer.) Returns the transfers and, per transfer, the
     one it came from."""
     kept = np.arange(len(mine))
+    if not len(mine):
+        return mine, kept
     if demand.collective in (Collective.ALLGATHER, Collective.GATHER):
         side = mine.src
     elif demand.collective in (Collective.REDUCESCATTER, Collective.SCATTER):
