@@ -259,10 +259,7 @@ class _Machine:
         index = {(g, tb.id): tb for g, tb in tbs}
         pc = dict.fromkeys(index, 0)
         flag = dict.fromkeys(index, -1)
-        if len(index) == len(tbs):
-            self._run_woken(tbs, index, pc, flag)
-        else:  # threadblocks that share an id share their place: follow them in passes
-            self._run_passes(tbs, index, pc, flag)
+        self._run(tbs, index, pc, flag)
         for g, tb in tbs:
             k = pc[(g, tb.id)]
             if k < len(tb.steps):
@@ -278,34 +275,16 @@ class _Machine:
                            f"{chan} were never received (first by {q[0][1]})")
         self._check_outputs()
 
-    def _run_passes(self, tbs: list[tuple[int, Tb]], index: dict, pc: dict, flag: dict) -> None:
+    def _run(self, tbs: list[tuple[int, Tb]], index: dict, pc: dict, flag: dict) -> None:
         """Run the threadblocks in passes, in order, each as far as it can, until a pass
-        runs nothing: the order every run follows."""
-        progress = True
-        while progress:
-            progress = False
-            for g, tb in tbs:
-                key = (g, tb.id)
-                k = pc[key]
-                steps = tb.steps
-                while k < len(steps):
-                    st = steps[k]
-                    if self._blocked(g, tb, st, index, flag) is not None:
-                        break
-                    self._step(g, tb, st)
-                    if st.hasdep == 1:
-                        flag[key] = st.s
-                    k += 1
-                    self.result.steps += 1
-                    progress = True
-                pc[key] = k
-
-    def _run_woken(self, tbs: list[tuple[int, Tb]], index: dict, pc: dict, flag: dict) -> None:
-        """``_run_passes``' order, visiting only the threadblocks something may have
+        runs nothing (the order every run follows), visiting only those something may have
         unblocked: a message on the connection one receives from, room on the one it sends
         on, or a flag it waits for. One that nothing woke would stay blocked, so skipping it
         changes nothing; one woken later in a pass runs in that pass, one before it in the
-        next, as the passes would."""
+        next. (Threadblocks of a rank that share an id share their place in its steps: any
+        step wakes every one there.)"""
+        shared = len(index) != len(tbs)
+        everyone = range(len(tbs))
         readers: dict[tuple[int, int, int], list[int]] = {}
         writers: dict[tuple[int, int, int], list[int]] = {}
         for i, (g, tb) in enumerate(tbs):
@@ -330,14 +309,12 @@ class _Machine:
                             waiting.setdefault((g, st.depid), []).append(i)
                         break
                     self._step(g, tb, st)
-                    woken: list[int] = []
-                    if st.type in RECVS:
-                        woken += writers.get((tb.recv, g, tb.chan), ())
-                    if st.type in SENDS:
-                        woken += readers.get((g, tb.send, tb.chan), ())
                     if st.hasdep == 1:
                         flag[key] = st.s
-                        woken += waiting.pop(key, ())
+                    woken = everyone if shared else [
+                        *(writers.get((tb.recv, g, tb.chan), ()) if st.type in RECVS else ()),
+                        *(readers.get((g, tb.send, tb.chan), ()) if st.type in SENDS else ()),
+                        *(waiting.pop(key, ()) if st.hasdep == 1 else ())]
                     for j in woken:
                         if j > i and j not in queued:
                             heapq.heappush(now, j)
