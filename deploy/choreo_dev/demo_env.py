@@ -23,12 +23,12 @@ from choreo_dev import build, fabric, nodes, paths
 from choreo_dev.cluster import Cluster, ClusterInfo
 from choreo_dev.errors import DevClusterError
 from choreo_dev.kube import KubeClient
+from choreo_dev.ports import listen_port
 from choreo_dev.stack import (
     HOST,
     AgentOptions,
     HostStack,
     agent_argv,
-    free_port,
     operator_argv,
     prometheus_argv,
     prometheus_config,
@@ -136,8 +136,8 @@ def agent_pods(client: KubeClient) -> dict[str, str]:
 def start_choreo(env: DemoEnv, agent_pods: dict[str, str]) -> None:
     """``choreo serve``, ``choreo operator`` and one sim agent per node, on loopback."""
     stack, ports = env.stack, env.ports
-    ports.update({"grpc": free_port(), "synthesizer": free_port(), "operator": free_port(),
-                  "webhook": free_port()})
+    ports.update({"grpc": listen_port(), "synthesizer": listen_port(), "operator": listen_port(),
+                  "webhook": listen_port()})
     stack.start("synthesizer", synthesizer_argv(ports["grpc"], ports["synthesizer"], workers=2))
     stack.start("operator", operator_argv(
         env.info.kubeconfig, f"{HOST}:{ports['grpc']}", ports["operator"], ports["webhook"],
@@ -146,7 +146,7 @@ def start_choreo(env: DemoEnv, agent_pods: dict[str, str]) -> None:
     env.scripts.mkdir(parents=True, exist_ok=True)
     options = AgentOptions(fabric=FABRIC, namespace=NAMESPACE, poll=0.25, recover_after=2.0)
     for i, node in enumerate(NODES):
-        ports[f"agent-{node}"] = free_port()
+        ports[f"agent-{node}"] = listen_port()
         env.script(node).write_text("events: []\n")
         pod = (NAMESPACE, agent_pods[node]) if node in agent_pods else None
         stack.start(f"agent-{node}", agent_argv(node, i, env.info.kubeconfig, options,
@@ -174,7 +174,7 @@ def start_prometheus(env: DemoEnv) -> None:
     targets = {"choreo-synthesizer": [f"{HOST}:{ports['synthesizer']}"],
                "choreo-operator": [f"{HOST}:{ports['operator']}"],
                "choreo-agent": [f"{HOST}:{ports[f'agent-{n}']}" for n in NODES]}
-    ports["prometheus"] = free_port()
+    ports["prometheus"] = listen_port()
     config = env.stack.root / "prometheus.yml"
     config.write_text(yaml.safe_dump(prometheus_config(targets)))
     env.stack.start("prometheus", prometheus_argv(binary_path, config, env.stack.root / "tsdb",

@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from choreo_dev.stack import free_port, operator_argv, port_open, synthesizer_argv
+from choreo_dev.ports import listen_port
+from choreo_dev.stack import operator_argv, port_open, synthesizer_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"
@@ -82,7 +83,7 @@ def spawn(name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None 
 
 def start_synthesizer(log: Path, port: int | None = None, workers: int = 2) -> tuple[Proc, int]:
     """``choreo serve`` on a free loopback port, ready for requests."""
-    port = port or free_port()
+    port = port or listen_port()
     proc = spawn("synthesizer", synthesizer_argv(port, workers=workers), log)
     try:
         wait_port(port, 60.0, proc.popen, log)
@@ -101,7 +102,7 @@ class OperatorPorts:
 def start_operator(log: Path, kubeconfig: Path, synthesizer: str, cert_dir: Path,
                    webhook: bool = True, extra: Sequence[str] = (),
                    ports: OperatorPorts | None = None) -> tuple[Proc, OperatorPorts]:
-    ports = ports or OperatorPorts(free_port(), free_port() if webhook else 0)
+    ports = ports or OperatorPorts(listen_port(), listen_port() if webhook else 0)
     argv = operator_argv(kubeconfig, synthesizer, ports.metrics, ports.webhook, cert_dir, extra)
     proc = spawn("operator", argv, log)
     try:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
 import socket
+import threading
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from choreo_dev.errors import DevClusterError
 
@@ -41,19 +44,52 @@ def ephemeral_port(host: str = HOST) -> int:
         return int(sock.getsockname()[1])
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections (Linux's default where unreadable)."""
+    try:
+        low, high = (int(x) for x in
+                     Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+_HANDED_OUT: set[int] = set()
+_HANDED_LOCK = threading.Lock()
+
+
+def listen_port(host: str = HOST) -> int:
+    """A free port for a server to listen on: below the kernel's ephemeral range, and never
+    one this process handed out before. The kernel takes outgoing connections' source ports
+    from that range, and a control plane opens many, so a port it chose there (``bind`` to
+    port 0) can be some connection's by the time the server starts (``make demo`` once
+    failed so: an agent's metrics port was taken)."""
+    low, _ = ephemeral_range()
+    first = 10000 if low > 12000 else 1024
+    with _HANDED_LOCK:
+        for _ in range(1000):
+            port = random.randrange(first, low)
+            if port not in _HANDED_OUT and is_free(port, host):
+                _HANDED_OUT.add(port)
+                return port
+        port = ephemeral_port(host)  # a crowded loopback: the kernel's choice after all
+        _HANDED_OUT.add(port)
+        return port
+
+
 def choose_ports(
     names: Iterable[str],
     requested: Mapping[str, int] | None = None,
     previous: Mapping[str, int] | None = None,
     *,
     free: Callable[[int], bool] = is_free,
-    pick: Callable[[], int] = ephemeral_port,
+    pick: Callable[[], int] = listen_port,
 ) -> dict[str, int]:
     """Assign a port to every name.
 
     An explicitly requested port must be free, or the start fails with a clear error;
     a port used by the previous run is reused when free, so an exported kubeconfig keeps
-    working across restarts; anything else gets a fresh kernel-chosen port.
+    working across restarts; anything else gets a fresh one (``listen_port``).
     """
     requested = dict(requested or {})
     previous = dict(previous or {})

@@ -27,13 +27,6 @@ from choreo_dev.logs import tail
 HOST = "127.0.0.1"
 
 
-def free_port() -> int:
-    """A port the kernel considers free on loopback right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1.0)

@@ -21,6 +21,7 @@ import pytest
 from choreo import msccl
 from choreo_dev import operator_testing as T
 from choreo_dev.kube import ApiException
+from choreo_dev.ports import listen_port
 from choreo_dev.testing import LocalCluster
 
 pytestmark = pytest.mark.e2e
@@ -104,8 +105,8 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     logs = tmp_path_factory.mktemp("operator")
     nodes, ns = T.prepare_cluster(cluster, "op", webhook=WEBHOOK)
     synth, synth_port = T.start_synthesizer(logs / "synth.log")
-    st = Stack(cluster, logs, synth, synth_port, synth, T.OperatorPorts(T.free_port(),
-                                                                        T.free_port()), ns, nodes)
+    st = Stack(cluster, logs, synth, synth_port, synth, T.OperatorPorts(listen_port(),
+                                                                        listen_port()), ns, nodes)
     try:
         st.start_operator()
         yield st

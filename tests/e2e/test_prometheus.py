@@ -29,10 +29,10 @@ from choreo.service.client import Client, TenantRequest, build_request, open_cha
 from choreo.telemetry import Reporter, bus_factor
 from choreo_dev.dashboard import promql
 from choreo_dev.dashboard.render import render
+from choreo_dev.ports import listen_port
 from choreo_dev.stack import (
     AgentOptions,
     agent_argv,
-    free_port,
     operator_argv,
     prometheus_argv,
     prometheus_config,
@@ -184,12 +184,12 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     faults.write_text("events:\n  - {at: 8s, link-down: [1, sw-nvswitch]}\n"
                       "  - {at: 40s, link-up: [1, sw-nvswitch]}\n")
     try:
-        grpc_port, ports = free_port(), {k: free_port() for k in
+        grpc_port, ports = listen_port(), {k: listen_port() for k in
                                          ("synthesizer", "operator", "agent-0", "agent-1")}
         processes.append(start("synthesizer", synthesizer_argv(
             grpc_port, ports["synthesizer"], workers=2), work))
         processes.append(start("operator", operator_argv(
-            cluster.info.kubeconfig, f"127.0.0.1:{grpc_port}", ports["operator"], free_port(),
+            cluster.info.kubeconfig, f"127.0.0.1:{grpc_port}", ports["operator"], listen_port(),
             work / "certs", ["--webhook-config", ""]), work))
         options = AgentOptions(fabric="dgx-h100-2", namespace=ns, poll=0.25, recover_after=1)
         for i, node in enumerate(nodes):
@@ -201,7 +201,7 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
                    "choreo-agent": [f"127.0.0.1:{ports['agent-0']}",
                                     f"127.0.0.1:{ports['agent-1']}"],
                    "choreo-telemetry": [f"127.0.0.1:{reporter.port}"]}
-        prom_port = free_port()
+        prom_port = listen_port()
         config = work / "prometheus.yml"
         config.write_text(yaml.safe_dump(prometheus_config(targets)))
         processes.append(start("prometheus", prometheus_argv(

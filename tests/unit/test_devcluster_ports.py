@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from choreo_dev.errors import DevClusterError
-from choreo_dev.ports import choose_ports, ephemeral_port, is_free
+from choreo_dev.ports import choose_ports, ephemeral_port, ephemeral_range, is_free, listen_port
 
 
 def test_requested_port_in_use_is_a_clear_error() -> None:
@@ -49,3 +49,13 @@ def test_is_free_sees_a_listening_socket() -> None:
         port = sock.getsockname()[1]
         assert not is_free(port)
     assert is_free(ephemeral_port())
+
+
+def test_listening_ports_come_from_below_the_ephemeral_range_and_never_twice() -> None:
+    """Outgoing connections take their source ports from the ephemeral range, so a port a
+    server is to listen on is picked below it, free, and not handed out before."""
+    low, high = ephemeral_range()
+    assert 1024 <= low <= high
+    ports = [listen_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert all(port < low and is_free(port) for port in ports)

@@ -22,12 +22,12 @@ from choreo_dev import operator_testing as op_testing
 from choreo_dev.cluster import Cluster, ClusterInfo
 from choreo_dev.kube import ApiException, KubeClient, run_kubectl, wait_for
 from choreo_dev.observe import GROUP
+from choreo_dev.ports import listen_port
 from choreo_dev.stack import (
     HOST,
     AgentOptions,
     HostStack,
     agent_argv,
-    free_port,
     operator_argv,
     synthesizer_argv,
 )
@@ -53,8 +53,8 @@ class World:
 
     # ---- choreo on the host ------------------------------------------------------------------
     def start_synthesizer(self, workers: int = 2) -> None:
-        self.ports.setdefault("grpc", free_port())
-        self.ports.setdefault("synthesizer", free_port())
+        self.ports.setdefault("grpc", listen_port())
+        self.ports.setdefault("synthesizer", listen_port())
         self.stack.start("synthesizer", synthesizer_argv(self.ports["grpc"],
                                                          self.ports["synthesizer"], workers))
         self.stack.wait_port("synthesizer", self.ports["grpc"])
@@ -62,7 +62,7 @@ class World:
     def start_operator(self, flags: Sequence[str] = ()) -> None:
         """The operator without its webhook (no pods are admitted through it here)."""
         self.operator_flags = list(flags) or self.operator_flags
-        self.ports.setdefault("operator", free_port())
+        self.ports.setdefault("operator", listen_port())
         self.stack.start("operator", operator_argv(
             self.info.kubeconfig, f"{HOST}:{self.ports['grpc']}", self.ports["operator"], 0,
             self.root / "certs", ["--webhook-config", "", *self.operator_flags]))
