@@ -25,11 +25,11 @@ after a round or two of its own shard a rank may send blocks of ``group`` mates'
 instead (consecutive ranks: one range of the buffer; a block of all the host's shards holds
 the sender's own too, which its MSCCL program reads from another buffer, so the lowering
 cuts those sends at it, ``msccl.layout.own_apart``): a round of blocks reaches ``group``
-hosts, one per rail of each
-group of slots, so every NIC still carries its share and receives from one host at a time,
-in about ``1 / group`` the rounds (``block_moves``). A port then forwards a block in one
-send a mate, and where the ports are the bound a round of blocks relays too: its block's
-first chunks reach the receiver's group mates on their own rails, not through the port.
+hosts, one per rail of each group of slots, so every NIC still carries its share and
+receives from one host at a time, in about ``1 / group`` the rounds (``block_moves``). A
+port then forwards a block in one send a mate, and where the ports are the bound a round
+of blocks relays too: its block's first chunks reach the receiver's group mates on their
+own rails, not through the port.
 
 Under a spine (rail leaves per block, ``rail_layout``) a shard sent along the rail to every
 host would cross the oversubscribed uplinks once per host of another block. There the rail
@@ -378,7 +378,7 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     else:
         end = _before(shape, mates, hosts, cb, host, nic, nvl, late, reduced)
     nic.relay(math.inf)
-    copies = len(nvl)
+    port_steps = len(nvl)  # the own shard's copies, a step each
     t = 0.0 if between else end
     # Forward the unrelayed part of what came. A piece that has arrived by the time the
     # NVSwitch port is free joins the one before it where it continues it (same round, next
@@ -403,13 +403,13 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
         if k in relayed_rounds:  # (first chunk, end chunk, first turn, end turn)
             rest = max(lo, shape.relay)
             legs = [(rest, hi, 1, inside + 1)] * (hi > rest) + [(lo, hi, inside + 1, mates)]
-            sends = sum((e - f) * msccl_steps(b - a) for a, b, f, e in legs)
+            forward_steps = sum((e - f) * msccl_steps(b - a) for a, b, f, e in legs)
             took = sum((e - f) * host.time((b - a) * cb) for a, b, f, e in legs)
         else:  # the common case, kept cheap for the search
             legs = [(lo, hi, 1, mates)]
-            sends, took = ((mates - 1) * msccl_steps(hi - lo),
-                           (mates - 1) * host.time((hi - lo) * cb))
-        copies += sends
+            forward_steps, took = ((mates - 1) * msccl_steps(hi - lo),
+                                   (mates - 1) * host.time((hi - lo) * cb))
+        port_steps += forward_steps
         if not record and not (ahead and ahead[0][0] < t + took):
             t += took
             continue
@@ -424,7 +424,7 @@ def estimate(shape: Shape, mates: int, hosts: int, shard: float, host: Hop, rail
     if busy:
         nvl.sort()
     return _Estimate(nvl, nic.sends, max(t, nic.u, end),
-                     copies + _rail_steps(shape, mates, hosts, nic.sends))
+                     port_steps + _rail_steps(shape, mates, hosts, nic.sends))
 
 
 def msccl_steps(chunks: int) -> int:

@@ -19,7 +19,7 @@ from choreo.generators import build
 from choreo.hierarchy import MAX_HOST_STEPS, Hop, busiest_host_steps
 from choreo.msccl import interpret
 from choreo.msccl.api import to_xml
-from choreo.msccl.layout import MAX_CNT
+from choreo.msccl.layout import MAX_CNT, own_apart
 from choreo.msccl.lower import lowerable
 from choreo.msccl.split import split_per_node
 from choreo.railgather import Shape, estimate, layout, rail_gather
@@ -611,6 +611,8 @@ def test_blocks_of_the_whole_host_hold_the_senders_own_shard_and_run(
     assert all(shape.group == 4 for _, shape in phases)
     s = rail_gather(fabric, [demand], [replace(plan, phases=phases)])
     assert verify(s).ok, verify(s).summary()
+    cut = len(own_apart(s, s.demands[0])[0]) - len(s)  # transfers the lowering cuts
+    assert cut > 0 if collective is not Collective.ALLREDUCE else cut == 0
     result = interpret.run(to_xml(s, 0))
     assert result.ok, str(result)
 

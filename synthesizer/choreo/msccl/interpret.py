@@ -185,7 +185,6 @@ class _Machine:
             for cells, a, b, k in self._segments(g.id, "i", 0, units.in_units):
                 cells[a:b] = values[k:k + b - a]
         self.fifo: dict[tuple[int, int, int], deque] = {}
-        self.errors = 0
 
     def error(self, text: str) -> None:
         self.result.errors.append(f"{self.mode}: {text}")
