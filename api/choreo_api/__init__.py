@@ -524,6 +524,7 @@ class ConfigMapPart(Model):
     first_rank: int | None = None
     last_rank: int | None = None
     pod_rank: int | None = None
+    key_prefix: str | None = None
 
 
 class SizeRange(Model):

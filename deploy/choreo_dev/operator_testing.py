@@ -6,6 +6,7 @@ and stopped by PID (SIGTERM, then SIGKILL), never by name.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
@@ -182,3 +183,19 @@ def tenant_pod(name: str, node: str, tenant: str, rank: int, gpus: int = 8) -> d
             "spec": {"nodeName": node, "containers": [{
                 "name": "train", "image": "trainer:latest",
                 "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+
+
+def project_config_map(cm: dict[str, Any], items: list[dict[str, str]], root: Path) -> None:
+    """What the kubelet writes for a ConfigMap volume with ``items``: a dated copy of the
+    listed keys, ``..data`` pointing at it and each top-level entry linked through it."""
+    copy = root / "..2026_11_27_00_00_00.000000001"
+    for item in items:
+        key = item["key"]
+        body = (base64.b64decode(cm["binaryData"][key]) if key in cm.get("binaryData", {})
+                else cm["data"][key].encode() if key in cm["data"] else None)
+        if body is not None:
+            (copy / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+            (copy / item["path"]).write_bytes(body)
+    (root / "..data").symlink_to(copy.name)
+    for top in os.listdir(copy):
+        (root / top).symlink_to(f"..data/{top}")

@@ -1,8 +1,9 @@
 """A tenant's published schedule read back from its ConfigMap(s) and checked like MSCCL would.
 
-A schedule over the operator's split size is published as one ConfigMap per pod, each
-keeping only that pod's ``<gpu>`` elements; reading it back joins the parts into the whole
-algorithm again, so the same checks (``msccl.validate``, ``msccl.run``) apply either way.
+A schedule over the operator's split size is published cut per pod, each part keeping only
+that pod's ``<gpu>`` elements under its own key prefix, several parts to a ConfigMap; reading
+it back joins the parts into the whole algorithm again, so the same checks
+(``msccl.validate``, ``msccl.run``) apply either way.
 """
 
 from __future__ import annotations
@@ -56,23 +57,21 @@ def load(client: KubeClient, namespace: str, status: dict[str, Any]) -> Publishe
     name = status.get("configMap")
     if not name:
         return None
-    parts = [p["name"] for p in status.get("configMapParts") or []] or [name]
-    bodies, missing = [], []
-    for part in parts:
-        cm = _get(client, namespace, part)
-        if cm is None:
-            missing.append(part)
-        else:
-            bodies.append(cm)
-    if not bodies:
-        return Published({}, [], parts, missing)
-    texts = [results.xml_files(b) for b in bodies]  # packed files inflated
-    files = {k: join_parts([t[k] for t in texts]) if len(texts) > 1 else texts[0][k]
-             for k in sorted(texts[0])}
-    # a part per pod holds that pod's ranks
-    ranks = sorted((r for b in bodies for r in json.loads(b["data"]["ranks.json"])),
-                   key=lambda r: r["rank"])
-    return Published(files, ranks, parts, missing)
+    parts = [(p["name"], p.get("keyPrefix") or "")
+             for p in status.get("configMapParts") or []] or [(name, "")]
+    names = list(dict.fromkeys(n for n, _ in parts))
+    found = {n: cm for n in names if (cm := _get(client, namespace, n)) is not None}
+    missing = [n for n in names if n not in found]
+    if not found:
+        return Published({}, [], names, missing)
+    # packed files inflated; a part per pod holds that pod's ranks under its prefix
+    texts = [(results.xml_files(found[n], prefix),
+              json.loads(found[n]["data"][prefix + results.RANKS_KEY]))
+             for n, prefix in parts if n in found]
+    files = {k: join_parts([t[0][k] for t in texts]) if len(texts) > 1 else texts[0][0][k]
+             for k in sorted(texts[0][0])}
+    ranks = sorted((r for _, rs in texts for r in rs), key=lambda r: r["rank"])
+    return Published(files, ranks, names, missing)
 
 
 def problems(published: Published) -> list[str]:

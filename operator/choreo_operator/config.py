@@ -39,8 +39,9 @@ class Config(BaseSettings):
                               "groups wait in the operator, not refused by a busy synthesizer "
                               "(about twice the workers of all synthesizer replicas)")
     max_buckets: int = Field(4, ge=1, description="size buckets per collective")
-    split_bytes: int = Field(900 * 1024, gt=0, description="split a schedule into per-pod "
-                             "ConfigMaps above this size")
+    split_bytes: int = Field(900 * 1024, gt=0, description="cut a schedule per pod above "
+                             "this size, consecutive pods' parts sharing ConfigMaps of up to "
+                             "this size")
     keep_replaced: float = Field(
         300.0, ge=0, description="seconds the ConfigMaps of a replaced schedule stay once no "
         "pod mounts them: a failed device that recovers within that (an Xid reset, a flapping "

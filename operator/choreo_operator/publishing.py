@@ -96,8 +96,7 @@ class Publisher:
         summary = first.summary() if first else ""
         extra = {
             "ranks": len(slots), "nodes": pl.nodes, "configMap": name,
-            "configMapParts": [{"name": p.name, "firstRank": p.first, "lastRank": p.last,
-                                "podRank": p.pod_rank} for p in parts],
+            "configMapParts": [p.status() for p in parts],
             "files": sorted(schedule.files),
             "contentHash": schedule.content_hash(), "summary": summary,
             "collectives": [c.status() for c in schedule.collectives],

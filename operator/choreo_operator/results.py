@@ -4,9 +4,11 @@ One ConfigMap per schedule, named ``<job>-<hash>``, so the same schedule always 
 the same object (a restart or retry can only find it already there, never duplicate it) and
 a pod keeps the exact files it started with. XML keys are ``<collective>-<bucket>.xml``;
 pods mount them with ``items[].path: msccl/<key>`` so ``MSCCL_ALGO_DIR=<mount>/msccl``
-holds nothing but XML. When the files exceed what one ConfigMap holds (1 MiB), there is one
-ConfigMap per pod instead (``<job>-<hash>-r<first rank>``) whose files keep only that pod's
-``<gpu>`` elements: a rank only reads its own.
+holds nothing but XML. When the files exceed what one ConfigMap holds (1 MiB), they are cut
+per pod instead: a pod's part keeps only its ranks' ``<gpu>`` elements (a rank only reads its
+own), under keys prefixed ``r<first rank>.``, and consecutive pods' parts share a ConfigMap
+(``<job>-<hash>-r<its first rank>``) up to the split size, so a 1,024-GPU tenant's schedule
+is three objects to write, watch and collect rather than 128; each pod mounts its own keys.
 
 Packed schedules hold their XML compressed (zstd) under ``binaryData`` (a tenth of the bytes
 or less, which the API server, etcd and every informer of ConfigMaps hold), and a sidecar in
@@ -292,10 +294,18 @@ def base_name(job: str, content_hash: str) -> str:
 
 @dataclass(frozen=True)
 class Part:
+    """A pod's share of a schedule cut per pod: its keys in ConfigMap ``name`` start with
+    ``prefix`` (other pods' parts may share that ConfigMap)."""
+
     name: str
     first: int
     last: int
     pod_rank: int  # the pod's rank label value, which the webhook sees at admission
+    prefix: str = ""
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "firstRank": self.first, "lastRank": self.last,
+                "podRank": self.pod_rank, "keyPrefix": self.prefix}
 
 
 ConfigMaps = tuple[str, list[Part], list[dict[str, Any]]]  # base name, parts, bodies
@@ -320,17 +330,26 @@ def config_maps(job: CollectiveJob, schedule: Schedule, pod_ranks: Mapping[str, 
     # map in each of a 1,024-GPU tenant's 128 parts was 52 KB, three times its XML.
     ranks = {first: json.dumps(schedule.ranks[first:last + 1], separators=(",", ":"))
              for first, last in pod_ranks.values()}
-    schedule, split = fit_per_pod(schedule, pod_ranks,
-                                  len(RANKS_KEY) + max(map(len, ranks.values())))
+    longest = len(f"r{len(schedule.ranks)}.")  # the prefix of a part's keys, at most
+    schedule, split = fit_per_pod(schedule, pod_ranks, (1 + len(schedule.files)) * longest
+                                  + len(RANKS_KEY) + max(map(len, ranks.values())))
     digest = schedule.content_hash()
     name = base_name(job.name, digest)
-    parts, bodies = [], []
+    parts: list[Part] = []
+    bins: list[tuple[str, dict[str, str | bytes]]] = []  # ConfigMap name, its keys
+    held = 0  # bytes in the last one
     for pod, (first, last) in sorted(pod_ranks.items(), key=lambda x: x[1]):
-        part = f"{name}-r{first}"
-        files = {k: split[k][f"r{first}"] for k in schedule.files}
-        files[RANKS_KEY] = ranks[first]
-        parts.append(Part(part, first, last, pod_index.get(pod, first)))
-        bodies.append(_body(job, part, files, digest, inputs_hash, fingerprint))
+        prefix = f"r{first}."
+        files = {prefix + k: split[k][f"r{first}"] for k in schedule.files}
+        files[prefix + RANKS_KEY] = ranks[first]
+        size = sum(len(k) + _size(v) for k, v in files.items())
+        if not bins or held + size > split_bytes:
+            bins.append((f"{name}-r{first}", {}))
+            held = 0
+        bins[-1][1].update(files)
+        held += size
+        parts.append(Part(bins[-1][0], first, last, pod_index.get(pod, first), prefix))
+    bodies = [_body(job, part, data, digest, inputs_hash, fingerprint) for part, data in bins]
     return schedule, (name, parts, bodies)
 
 
@@ -375,11 +394,15 @@ def data_bytes(body: dict[str, Any]) -> int:
                       for k, v in (body.get("binaryData") or {}).items())
 
 
-def xml_files(body: Mapping[str, Any]) -> dict[str, str]:
-    """A ConfigMap's MSCCL files as a pod's runtime reads them: packed ones inflated."""
-    files = {k: v for k, v in (body.get("data") or {}).items() if k.endswith(".xml")}
-    files.update((k, inflate_xml(base64.b64decode(v)))
-                 for k, v in (body.get("binaryData") or {}).items() if k.endswith(".xml"))
+def xml_files(body: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A ConfigMap's MSCCL files as a pod's runtime reads them (packed ones inflated): of the
+    part whose keys start with ``prefix``, by their own names."""
+    def own(section: str) -> Iterator[tuple[str, Any]]:
+        return ((k[len(prefix):], v) for k, v in (body.get(section) or {}).items()
+                if k.startswith(prefix) and k.endswith(".xml"))
+
+    files = dict(own("data"))
+    files.update((k, inflate_xml(base64.b64decode(v))) for k, v in own("binaryData"))
     return files
 
 
@@ -476,10 +499,12 @@ def _body(job: CollectiveJob, name: str, data: Mapping[str, str | bytes], digest
     return body
 
 
-def volume_items(files: Sequence[str]) -> list[dict[str, str]]:
-    """``items`` mapping every XML under ``msccl/`` and the rank table at the root."""
-    items = [{"key": k, "path": f"{MSCCL_DIR}/{k}"} for k in sorted(files) if k.endswith(".xml")]
-    items.append({"key": RANKS_KEY, "path": RANKS_KEY})
+def volume_items(files: Sequence[str], prefix: str = "") -> list[dict[str, str]]:
+    """``items`` mapping every XML under ``msccl/`` and the rank table at the root, from the
+    keys of a pod's part (``prefix``) where the schedule is cut per pod."""
+    items = [{"key": prefix + k, "path": f"{MSCCL_DIR}/{k}"} for k in sorted(files)
+             if k.endswith(".xml")]
+    items.append({"key": prefix + RANKS_KEY, "path": RANKS_KEY})
     return items
 
 

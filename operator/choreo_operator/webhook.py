@@ -42,11 +42,13 @@ def find_job(pod: Mapping[str, Any], jobs: Iterable[CollectiveJob]) -> Collectiv
     return matches[0] if matches else None
 
 
-def schedule_for(pod: Mapping[str, Any], job: CollectiveJob) -> str | None:
-    """The ConfigMap this pod should mount: the job's, or its rank's part of a split one."""
+def schedule_for(pod: Mapping[str, Any], job: CollectiveJob) -> tuple[str, str] | None:
+    """The ConfigMap this pod should mount and the prefix of its keys there: the job's, or
+    the one holding its rank's part of a split schedule."""
     parts = resumed(job).config_map_parts
     if not parts:
-        return resumed(job).config_map
+        name = resumed(job).config_map
+        return None if name is None else (name, "")
     meta = pod.get("metadata") or {}
     value = {**(meta.get("annotations") or {}),
              **(meta.get("labels") or {})}.get(job.spec.rank_label)
@@ -56,7 +58,8 @@ def schedule_for(pod: Mapping[str, Any], job: CollectiveJob) -> str | None:
         rank = None
     if rank is None:
         return None
-    return next((p.name for p in parts if p.pod_rank == rank), None)
+    return next(((p.name, p.key_prefix or "") for p in parts
+                 if p.pod_rank == rank and p.name), None)
 
 
 def mutation(pod: Mapping[str, Any], jobs: Iterable[CollectiveJob],
@@ -70,12 +73,13 @@ def mutation(pod: Mapping[str, Any], jobs: Iterable[CollectiveJob],
     job = find_job(pod, jobs)
     if job is None:
         return None
-    name = schedule_for(pod, job) if resumed(job).config_map else None
+    found = schedule_for(pod, job) if resumed(job).config_map else None
     dialect = job.spec.dialect
     env: list[dict[str, Any]]
-    if name is not None:
+    if found is not None:
+        name, prefix = found
         files = list(resumed(job).files or ())
-        source: dict[str, Any] = {"name": name, "items": results.volume_items(files)}
+        source: dict[str, Any] = {"name": name, "items": results.volume_items(files, prefix)}
         env = [{"name": k, "value": v} for k, v in results.pod_env(files, dialect).items()]
     else:  # no schedule yet: the alias, filled in (and refreshed by the kubelet) once it exists
         name = results.alias_name(job.name)

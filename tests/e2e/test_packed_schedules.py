@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -106,21 +105,6 @@ def test_a_job_that_asks_for_the_portfolio_gets_its_schedules(stack: Stack) -> N
     assert ready["status"] == "True", ready
 
 
-def _project(cm: dict[str, Any], items: list[dict[str, str]], root: Path) -> None:
-    """What the kubelet writes for a ConfigMap volume with ``items``."""
-    copy = root / "..2026_11_27_00_00_00.000000001"
-    for item in items:
-        key = item["key"]
-        body = (base64.b64decode(cm["binaryData"][key]) if key in cm.get("binaryData", {})
-                else cm["data"][key].encode() if key in cm["data"] else None)
-        if body is not None:
-            (copy / item["path"]).parent.mkdir(parents=True, exist_ok=True)
-            (copy / item["path"]).write_bytes(body)
-    (root / "..data").symlink_to(copy.name)
-    for top in os.listdir(copy):
-        (root / top).symlink_to(f"..data/{top}")
-
-
 def test_pods_get_the_sidecar_whose_copy_is_what_the_runtime_reads(stack: Stack,
                                                                     tmp_path: Path) -> None:
     pod = stack.cluster.client.get(f"/api/v1/namespaces/{stack.ns}/pods/pk-0")
@@ -146,7 +130,7 @@ def test_pods_get_the_sidecar_whose_copy_is_what_the_runtime_reads(stack: Stack,
     where = {mounts["choreo-schedule"]: tmp_path / "packed",
              mounts["choreo-files"]: tmp_path / "files"}
     where[mounts["choreo-schedule"]].mkdir()
-    _project(alias, source["items"], where[mounts["choreo-schedule"]])
+    T.project_config_map(alias, source["items"], where[mounts["choreo-schedule"]])
     choreo = Path(sys.executable).with_name("choreo")
     args = [str(where.get(a, a)) for a in sidecar["args"]]
     subprocess.run([str(choreo), *args, "--once"], check=True, timeout=60)

@@ -75,12 +75,51 @@ def test_config_maps_are_content_addressed_and_split_per_pod() -> None:
     assert again == name  # same content, same object, whatever the inputs were
     _, (_, parts, bodies) = results.config_maps(job, sched, {"p0": (0, 1), "p1": (2, 3)},
                                                 {"p0": 0, "p1": 1}, "in", "fp", split_bytes=10)
-    assert [(p.first, p.last, p.pod_rank) for p in parts] == [(0, 1, 0), (2, 3, 1)]
-    assert bodies[1]["data"]["grads-0.xml"].count("<gpu") == 2
-    assert 'id="3"' in bodies[1]["data"]["grads-0.xml"]
+    assert [(p.first, p.last, p.pod_rank, p.prefix) for p in parts] == [
+        (0, 1, 0, "r0."), (2, 3, 1, "r2.")]
+    assert [p.name for p in parts] == [b["metadata"]["name"] for b in bodies]  # one pod each
+    assert bodies[1]["data"]["r2.grads-0.xml"].count("<gpu") == 2
+    assert 'id="3"' in bodies[1]["data"]["r2.grads-0.xml"]
     # each part holds its pod's ranks, as its files hold their <gpu> elements
-    assert [json.loads(b["data"]["ranks.json"]) for b in bodies] == [
-        [{"rank": 0}, {"rank": 1}], [{"rank": 2}, {"rank": 3}]]
+    assert [json.loads(b["data"][f"{p.prefix}ranks.json"]) for p, b in zip(
+        parts, bodies, strict=True)] == [[{"rank": 0}, {"rank": 1}], [{"rank": 2}, {"rank": 3}]]
+
+
+def test_pods_parts_share_config_maps_up_to_the_split_size() -> None:
+    """16 pods of 2 ranks whose parts take about 0.2 KB each: three ConfigMaps of at most
+    1 KB, each part under its own prefix, every rank in exactly one, and what a pod mounts
+    through its items is its own part alone."""
+    gpus = "".join(f'<gpu id="{r}">{"x" * 80}</gpu>' for r in range(32))
+    sched = results.Schedule(results.Files({"grads-0.xml": f'<algo ngpus="32">{gpus}</algo>'}),
+                             [{"rank": r} for r in range(32)])
+    pods = {f"p{i}": (2 * i, 2 * i + 1) for i in range(16)}
+    _, (name, parts, bodies) = results.config_maps(
+        _job("a"), sched, pods, {p: i for i, p in enumerate(pods)}, "in", "fp", split_bytes=1000)
+    assert 2 < len(bodies) < 16 and not results.oversized(bodies)
+    assert all(results.data_bytes(b) <= 1000 for b in bodies)
+    assert {p.name for p in parts} == {b["metadata"]["name"] for b in bodies}
+    assert bodies[0]["metadata"]["name"] == f"{name}-r0"
+    by_name = {b["metadata"]["name"]: b for b in bodies}
+    for p in parts:
+        own = results.xml_files(by_name[p.name], p.prefix)["grads-0.xml"]
+        assert own.count("<gpu") == 2 and f'id="{p.first}"' in own and f'id="{p.last}"' in own
+        assert json.loads(by_name[p.name]["data"][f"{p.prefix}ranks.json"]) == [
+            {"rank": p.first}, {"rank": p.last}]
+    job = valid(model.job({"metadata": {"name": "a", "namespace": "ns", "uid": "u"},
+                           "spec": {"selector": {"matchLabels": {"t": "a"}}, "collectives": [
+                               {"name": "grads", "collective": "allreduce", "minBytes": 1,
+                                "maxBytes": 2}]},
+                           "status": {"configMap": name, "files": ["grads-0.xml"],
+                                      "configMapParts": [p.status() for p in parts]}}))
+    pod = {"metadata": {"namespace": "ns", "labels": {
+        "t": "a", "batch.kubernetes.io/job-completion-index": "5"}},
+        "spec": {"containers": [{"name": "c"}]}}
+    change = webhook.mutation(pod, [job])
+    assert change is not None
+    source = change["volumes"][-1]["configMap"]
+    assert source["name"] == parts[5].name
+    assert source["items"] == [{"key": "r10.grads-0.xml", "path": "msccl/grads-0.xml"},
+                               {"key": "r10.ranks.json", "path": "ranks.json"}]
 
 
 class _CountedFiles(results.Files):
@@ -132,6 +171,7 @@ def test_a_pod_too_small_for_every_file_leaves_the_smallest_ranges_to_nccl() -> 
     # kept: ag-2, ar-2, ar-1; ag-1 was cut and did not fit; ar-0 and ag-0 went unread
     assert counted.reads == {"ag-2.xml": 1, "ar-2.xml": 1, "ar-1.xml": 1, "ag-1.xml": 1}
     assert parts[0].name == f"{_job('a').name}-{fitted.content_hash()[:10]}-r0"
+    assert parts[1].name != parts[0].name  # 0.6 MiB a pod: a ConfigMap each
 
 
 def test_webhook_mutation() -> None:

@@ -79,9 +79,9 @@ def test_packed_pieces_per_pod_inflate_to_the_plain_pieces(xml: str) -> None:
     _, (_, parts, packed) = results.config_maps(job, _schedule(xml, True), pods, index, "in",
                                                 "fp", split_bytes=10)
     assert [p.first for p in parts] == [p.first for p in plain_parts] == [0, 8]
-    for a, b in zip(plain, packed, strict=True):
+    for a, b, p in zip(plain, packed, parts, strict=True):
         assert results.xml_files(b) == results.xml_files(a)
-        assert results.xml_files(b)["grads-0.xml"].count("<gpu ") == 8
+        assert results.xml_files(b, p.prefix)["grads-0.xml"].count("<gpu ") == 8
         assert results.data_bytes(b) * 5 < results.data_bytes(a)
 
 
