@@ -19,19 +19,25 @@ from api_helpers import valid
 
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
-from choreo.msccl.lower import Lowering, lower
+from choreo.msccl.lower import Lowering, Pack, lower
 from choreo.msccl.packed import CODECS, Codec, pack_xml
+from choreo.schedule import Schedule
 from choreo.synth import synthesize
 from choreo_operator import model, results, webhook
 from choreo_operator.unpack import run, unpack
 
 
 @pytest.fixture(scope="module")
-def lowering() -> Lowering:
-    """A real program: AllReduce over two DGX-H100 hosts, as the synthesizer lowers it."""
+def program() -> Schedule:
+    """A real schedule: AllReduce over two DGX-H100 hosts."""
     fabric = build("dgx-h100-2")
-    s = synthesize(fabric, [Demand(Collective.ALLREDUCE, tuple(fabric.npus), 1 << 26, 2)])
-    return lower(s, 0)
+    return synthesize(fabric, [Demand(Collective.ALLREDUCE, tuple(fabric.npus), 1 << 26, 2)])
+
+
+@pytest.fixture(scope="module")
+def lowering(program: Schedule) -> Lowering:
+    """The program as the synthesizer lowers it."""
+    return lower(program, 0)
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +126,23 @@ def test_a_file_sent_in_members_is_cut_per_pod_without_inflating_it(
     assert read_first["grads-0.xml"] == xml
     assert read_first.digest("grads-0.xml") == files.digest("grads-0.xml")
     assert read_first.digest("grads-0.xml").startswith(f"{codec}:")
+
+
+@pytest.mark.parametrize("part_ends", [(), (8, 16), (3, 16)])
+def test_elements_compressed_where_they_are_written_are_the_members_python_writes(
+        program: Schedule, lowering: Lowering, part_ends: tuple[int, ...]) -> None:
+    """Lowered with a ``Pack``, the compiled pass hands back one zstd frame per part instead
+    of the text: the file packs to the very bytes the text packs to, for those parts, and
+    reads back as the same text; for other parts, or below ``from_bytes``, nothing changes."""
+    packed = lower(program, 0, pack=Pack(part_ends))
+    assert not packed.gpus and len(packed.members) == (len(part_ends) or 16)
+    assert packed.size == len(lowering.gpus) and packed.text == lowering.text
+    assert packed.packed("zstd", part_ends) == lowering.packed("zstd", part_ends)
+    other = (4, 16) if part_ends != (4, 16) else ()
+    assert packed.packed("zstd", other) == lowering.packed("zstd", other)
+    assert packed.packed("gzip", part_ends) == lowering.packed("gzip", part_ends)
+    small = lower(program, 0, pack=Pack(part_ends, from_bytes=len(lowering.gpus) + 1))
+    assert small.gpus == lowering.gpus and not small.members
 
 
 def _refuse(body: object) -> str:

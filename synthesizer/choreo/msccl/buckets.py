@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from choreo.collectives import Demand
 from choreo.errors import InputError
 from choreo.msccl import layout
-from choreo.msccl.lower import Lowering, lower, node_file_gpus
+from choreo.msccl.lower import Lowering, Pack, lower, node_file_gpus
 from choreo.schedule import Schedule
 
 
@@ -36,12 +36,13 @@ class BucketFile:
     calls: str  # the kind of call it serves (layout.CALLS)
     bucket: int  # index of its bucket in size order
 
-    def lowering(self) -> Lowering:
-        """The program, with the upper end of the range it really serves."""
+    def lowering(self, pack: Pack | None = None) -> Lowering:
+        """The program, with the upper end of the range it really serves (its elements
+        compressed as they are written, with ``pack``)."""
         return lower(self.schedule, self.tenant, dialect=self.dialect,
                      instances=self.instances, proto=self.proto, min_bytes=self.min_bytes,
                      max_bytes=self.max_bytes, name=self.algo_name, calls=self.calls,
-                     file_gpus=node_file_gpus(self.schedule, self.tenant))
+                     file_gpus=node_file_gpus(self.schedule, self.tenant), pack=pack)
 
     def xml(self) -> str:
         return self.lowering().text

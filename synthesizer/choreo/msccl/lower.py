@@ -48,7 +48,7 @@ from choreo.msccl.layout import (
     output_index,
     own_apart,
 )
-from choreo.msccl.packed import Codec, pack_members
+from choreo.msccl.packed import ZSTD_LEVEL, Codec, inflate, pack_members, pack_xml
 from choreo.msccl.split import TAIL, rank_nodes
 from choreo.msccl.xmlmodel import Algo, head_text
 from choreo.schedule import Op, Schedule
@@ -60,31 +60,57 @@ EPS = 1e-12  # seconds: an arrival this close after a send's start still feeds i
 ABSENT, SPLIT = -1, -2  # an atom's offset: not in that buffer; its chunks apart in that buffer
 
 
+@dataclass(frozen=True)
+class Pack:
+    """Have the compiled pass compress the ``<gpu>`` elements where it writes them, one zstd
+    frame per part (``part_ends``: rank counts, as ``Lowering.packed`` takes them; empty:
+    per rank), once they reach ``from_bytes``: a 1,024-GPU file's 68 MB are then never
+    joined into one buffer, nor handed to Python to be compressed."""
+
+    part_ends: tuple[int, ...] = ()
+    from_bytes: int = 0
+
+
 @dataclass
 class Lowering:
     """The program as XML, with the facts tests and the bench report. Its ``<gpu>``
     elements stay the bytes the compiled pass wrote (ASCII) until the text is asked for: a
-    1,024-GPU file is 60 MB, which the service only compresses (``packed``)."""
+    1,024-GPU file is 60 MB, which the service only compresses (``packed``), or, lowered
+    with a ``Pack``, they come compressed already (``members``; ``gpus`` is then empty)."""
 
     head: str  # the leading comment and the <algo> start tag
     gpus: bytes  # every rank's <gpu> element, in rank order
-    gpu_ends: tuple[int, ...]  # where each rank's element ends in ``gpus``
+    gpu_ends: tuple[int, ...]  # where each rank's element ends in the elements joined
     epochs: int
     base_channels: int
     fused: int
     max_steps: int
     max_bytes: int | None  # the inclusive upper end the file serves (None: unlimited)
+    members: tuple[bytes, ...] = ()  # the elements compressed (zstd) per part of ``pack``
+    pack: Pack | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes of the ``<gpu>`` elements (however they are held)."""
+        return self.gpu_ends[-1] if self.gpu_ends else 0
 
     @cached_property
     def text(self) -> str:
-        return f"{self.head}\n{self.gpus.decode('ascii')}{TAIL}"
+        gpus = inflate(b"".join(self.members)) if self.members else self.gpus
+        return f"{self.head}\n{gpus.decode('ascii')}{TAIL}"
 
     def packed(self, codec: Codec, part_ends: Sequence[int] = ()) -> tuple[bytes, list[int]]:
         """The file compressed one member per part (``packed.pack_members``): its head, the
         ranks' elements up to each of ``part_ends`` (exclusive; default: one per rank), its
-        tail. The elements are compressed from the bytes as they are, never decoded."""
+        tail. The elements are compressed from the bytes as they are, never decoded; where
+        the compiled pass compressed them for these parts, its frames are the members."""
+        if (self.members and codec == "zstd" and self.pack is not None
+                and tuple(part_ends) == self.pack.part_ends):
+            members = [pack_xml(f"{self.head}\n", codec), *self.members, pack_xml(TAIL, codec)]
+            return b"".join(members), list(itertools.accumulate(len(m) for m in members))
+        elements = inflate(b"".join(self.members)) if self.members else self.gpus
         ends = [self.gpu_ends[e - 1] for e in part_ends] if part_ends else self.gpu_ends
-        gpus = memoryview(self.gpus)
+        gpus = memoryview(elements)
         return pack_members([f"{self.head}\n".encode(),
                              *(gpus[a:b] for a, b in itertools.pairwise([0, *ends])),
                              TAIL.encode()], codec)
@@ -135,13 +161,14 @@ def check_calls(calls: str | None, coll: Collective, rt: Runtime) -> str:
 def lower(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", instances: int = 1,
           proto: str = "Simple", min_bytes: int = 0, max_bytes: int | None = None,
           name: str | None = None, calls: str | None = None,
-          file_gpus: int | None = None) -> Lowering:
+          file_gpus: int | None = None, pack: Pack | None = None) -> Lowering:
     """Build the MSCCL program of ``tenant``; InputError if the runtime could not run it.
 
     ``calls``: the kind of call the file serves (``layout.CALLS``; see ``check_calls``).
     ``file_gpus``: the most ``<gpu>`` elements a file that reaches a rank holds, where the
     program is delivered split per node (``split.split_per_node``); the runtime's parser
-    stores those, not all of the whole file's (default: the whole file)."""
+    stores those, not all of the whole file's (default: the whole file). ``pack``: the
+    elements compressed as they are written (see ``Pack``)."""
     rt = check_options(dialect, instances, proto, min_bytes, max_bytes)
     if not 0 <= tenant < len(schedule.demands):
         raise InputError(f"tenant: {tenant} is not in 0..{len(schedule.demands) - 1}")
@@ -153,7 +180,7 @@ def lower(schedule: Schedule, tenant: int = 0, *, dialect: str = "executor", ins
     if instances > 1 and prog.ranged:
         raise InputError(f"tenant {tenant}: transfers of several chunks need instances=1 "
                          f"(got {instances}); instances interleave the chunks")
-    return prog.run(instances, proto, min_bytes, max_bytes, name, kind)
+    return prog.run(instances, proto, min_bytes, max_bytes, name, kind, pack)
 
 
 def lowerable(schedule: Schedule, *, dialect: str = "executor", instances: int = 1,
@@ -425,7 +452,7 @@ class _Program:
 
     # ---- the compiled passes ------------------------------------------------------------
     def run(self, instances: int, proto: str, min_bytes: int, max_bytes: int | None,
-            name: str | None, calls: str) -> Lowering:
+            name: str | None, calls: str, pack: Pack | None = None) -> Lowering:
         rt = self.rt
         units = layout.Units(self.coll, self.n, chunk_units(self.coll, self.n, self.C) * instances)
         L = np.asarray(self.L, dtype=np.int64)
@@ -438,7 +465,9 @@ class _Program:
             # ``file_gpus`` of them
             rt.max_steps, rt.max_channels, rt.max_tbs, rt.max_nodes + self.n - self.file_gpus,
             rt.max_depid + 1,
-            FIFO_CHUNKS, MAX_CNT, units.in_units, units.out_units)
+            FIFO_CHUNKS, MAX_CNT, units.in_units, units.out_units,
+            list(pack.part_ends) if pack else [], ZSTD_LEVEL if pack else 0,
+            pack.from_bytes if pack else 0)
         error = out.get("error")
         if error in ("not_held", "split", "scattered"):
             raise InputError(self._error(error, out["at"]))
@@ -449,8 +478,10 @@ class _Program:
         served = self._served(min_bytes, max_bytes, out["scratch"], units.L)
         head = head_text(self._header(units, out["nchannels"], proto, min_bytes, served, name,
                                       calls), self._comment(instances))
-        return Lowering(head, out["text"], tuple(out["gpu_ends"]), out["epochs"],
-                        self.base_channels, out["fused"], out["max_steps"], served)
+        members = tuple(out.get("members", ()))
+        return Lowering(head, out.get("text", b""), tuple(out["gpu_ends"]), out["epochs"],
+                        self.base_channels, out["fused"], out["max_steps"], served, members,
+                        pack if members else None)
 
     def _served(self, min_bytes: int, max_bytes: int | None, scratch: int, L: int) -> int | None:
         """The upper end the file can serve. Legacy allocates ``maxBytes * s_chunks / L`` of

@@ -27,7 +27,7 @@ from choreo.errors import InfeasibleError, InputError
 from choreo.hierarchy import applies
 from choreo.msccl.buckets import BucketFile, plan_files
 from choreo.msccl.layout import max_buckets
-from choreo.msccl.lower import lowerable
+from choreo.msccl.lower import Pack, lowerable
 from choreo.msccl.packed import Codec, pack_xml
 from choreo.nccl.compare import versus_nccl
 from choreo.report import evaluate
@@ -103,10 +103,12 @@ class _Encode:
         """The file's body, where its members end (a large file: one member per part, so
         the operator cuts it per pod without compressing again), and the upper end of the
         range it serves (legacy files stop where their scratch would grow too large)."""
-        done = self.file.lowering()
+        # zstd members are compressed where the compiled pass writes the elements
+        pack = (Pack(self.part_ends, MEMBERS_FROM_BYTES) if self.codec == "zstd" else None)
+        done = self.file.lowering(pack)
         if self.codec is None:
             return done.text, [], done.max_bytes
-        if len(done.gpus) < MEMBERS_FROM_BYTES:
+        if done.size < MEMBERS_FROM_BYTES:
             return pack_xml(done.text, self.codec), [], done.max_bytes
         body, ends = done.packed(self.codec, self.part_ends)
         return body, ends, done.max_bytes

@@ -792,6 +792,33 @@ fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<Elements, LowerError> {
     Ok((gpus, nchannels, ends))
 }
 
+/// Runs of consecutive elements compressed, one zstd frame (with its checksum) per run,
+/// side by side: run `k` holds the elements of ranks `ends[k - 1]..ends[k]` (from 0); no
+/// `ends`: a run per rank. A frame's text is what the elements joined would hold there, so
+/// the frames in order inflate to the whole, and any run of them to its ranks' part.
+pub fn pack_parts(gpus: &[String], ends: &[usize], level: i32) -> std::io::Result<Vec<Vec<u8>>> {
+    let per_rank: Vec<usize> = (1..=gpus.len()).collect();
+    let ends = if ends.is_empty() { &per_rank[..] } else { ends };
+    if ends.windows(2).any(|w| w[0] > w[1]) || ends.last() != Some(&gpus.len()) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput,
+                                       "part ends must rise to the number of ranks"));
+    }
+    let starts: Vec<usize> = std::iter::once(0).chain(ends[..ends.len() - 1].iter().copied()).collect();
+    starts
+        .par_iter()
+        .zip(ends.par_iter())
+        .map(|(&a, &b)| {
+            let mut text = Vec::with_capacity(gpus[a..b].iter().map(String::len).sum());
+            for element in &gpus[a..b] {
+                text.extend_from_slice(element.as_bytes());
+            }
+            let mut z = zstd::bulk::Compressor::new(level)?;
+            z.include_checksum(true)?;
+            z.compress(&text)
+        })
+        .collect()
+}
+
 /// The elements joined into `out` (exactly as long as all of them), each copied into its
 /// place side by side.
 pub fn join_into(gpus: &[String], out: &mut [u8]) {
@@ -898,5 +925,23 @@ mod tests {
     fn a_chunk_sent_before_it_is_held_is_named() {
         assert_eq!(swap(&[ABSENT, ABSENT, ABSENT, 0]).err(), Some(LowerError::NotHeld(0, 0, 0)));
         assert_eq!(swap(&[SPLIT, ABSENT, ABSENT, 0]).err(), Some(LowerError::Split(0, 0)));
+    }
+
+    #[test]
+    fn packed_parts_inflate_to_their_ranks_elements() {
+        let gpus: Vec<String> = (0..5).map(|g| format!("<gpu id=\"{g}\">{}</gpu>\n", "x".repeat(g * 40))).collect();
+        for ends in [vec![], vec![2, 5], vec![1, 1, 5]] {
+            let frames = pack_parts(&gpus, &ends, 3).expect("packs");
+            let runs: Vec<usize> = if ends.is_empty() { (1..=5).collect() } else { ends.clone() };
+            assert_eq!(frames.len(), runs.len());
+            let mut from = 0;
+            for (frame, &to) in frames.iter().zip(&runs) {
+                let text = zstd::bulk::decompress(frame, 1 << 20).expect("a zstd frame");
+                assert_eq!(text, gpus[from..to].concat().as_bytes());
+                from = to;
+            }
+        }
+        assert!(pack_parts(&gpus, &[2, 4], 3).is_err()); // ends short of the ranks
+        assert!(pack_parts(&gpus, &[3, 2, 5], 3).is_err());
     }
 }

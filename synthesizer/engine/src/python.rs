@@ -92,13 +92,16 @@ fn greedy<'py>(
 
 /// The MSCCL lowering of one tenant (see `lowering.rs`): a dict with the `<gpu>` elements as
 /// `text` (ASCII bytes) and the plan's facts, or with `error` (its kind) and `at` (up to three
-/// indices).
+/// indices). With `pack_level` (a zstd level; 0: none) and elements of `pack_from` bytes or
+/// more, they come as `members` instead: one zstd frame per run of ranks ending at
+/// `pack_ends` (none: per rank), compressed side by side where they were written.
 #[pyfunction]
 #[pyo3(signature = (
     n, src, dst, reduce, count, chunk, order, pos, base, base_channels,
     reads_ptr, reads_atom, writes_ptr, writes_atom, atom_size, atom_in, atom_out, combining,
     copy_rank, copy_in, copy_out, first_epochs, instances, max_steps, max_channels, max_tbs,
-    max_nodes, max_dep_targets, fifo_chunks, max_cnt, in_units, out_units
+    max_nodes, max_dep_targets, fifo_chunks, max_cnt, in_units, out_units,
+    pack_ends=Vec::new(), pack_level=0, pack_from=0
 ))]
 #[allow(clippy::too_many_arguments)]
 fn lower_tenant<'py>(
@@ -135,6 +138,9 @@ fn lower_tenant<'py>(
     max_cnt: i64,
     in_units: i64,
     out_units: i64,
+    pack_ends: Vec<usize>,
+    pack_level: i32,
+    pack_from: usize,
 ) -> PyResult<Bound<'py, PyDict>> {
     let (src, dst, reduce, count, chunk) = (vec(&src), vec(&dst), vec(&reduce), vec(&count), vec(&chunk));
     let (order, pos, base) = (vec(&order), vec(&pos), vec(&base));
@@ -168,11 +174,21 @@ fn lower_tenant<'py>(
             // ASCII bytes: a 1,024-GPU tenant's elements are 60 MB, which a str would decode;
             // each rank's element is copied once, side by side, into the object.
             let total = o.gpu_ends.last().copied().unwrap_or(0);
-            let text = PyBytes::new_with(py, total, |buf| {
-                lowering::join_into(&o.gpus, buf);
-                Ok(())
-            })?;
-            out.set_item("text", text)?;
+            if pack_level != 0 && total >= pack_from {
+                let gpus = o.gpus;
+                let members = py
+                    .detach(move || lowering::pack_parts(&gpus, &pack_ends, pack_level))
+                    .map_err(|e| PyValueError::new_err(format!("lower_tenant: {e}")))?;
+                let members: Vec<Bound<'py, PyBytes>> =
+                    members.iter().map(|m| PyBytes::new(py, m)).collect();
+                out.set_item("members", members)?;
+            } else {
+                let text = PyBytes::new_with(py, total, |buf| {
+                    lowering::join_into(&o.gpus, buf);
+                    Ok(())
+                })?;
+                out.set_item("text", text)?;
+            }
             out.set_item("gpu_ends", o.gpu_ends)?;
             out.set_item("epochs", o.epochs)?;
             out.set_item("fused", o.fused)?;
