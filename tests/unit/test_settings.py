@@ -41,5 +41,5 @@ def test_help_shows_the_variable_and_the_default() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser, Config)
     text = " ".join(parser.format_help().split())
-    assert "--split-bytes SPLIT_BYTES split a schedule" in text
+    assert "--split-bytes SPLIT_BYTES cut a schedule per pod" in text
     assert "($CHOREO_OPERATOR_SPLIT_BYTES; default 921600)" in text
