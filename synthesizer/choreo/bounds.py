@@ -74,11 +74,23 @@ class Bound:
     transfers_s: float = 0.0  # per-transfer alphas where they add up most (docstring)
 
 
-def lower_bound(fabric: Topology, demand: Demand, others: Sequence[Demand] = (),
-                whole_chunks: bool = True) -> Bound:
-    """A time no schedule of ``demand`` (and ``others``, jointly) on ``fabric`` can beat.
-    ``whole_chunks=False`` is for a schedule whose transfers may move chunk ranges (a
-    hand-written or rail-hierarchical one): the per-transfer bound does not hold there."""
+@dataclass(frozen=True)
+class Capacity:
+    """The bandwidth and latency parts of a lower bound, each with its reason: they depend on
+    the fabric and each demand's collective, ranks and size, not on its chunks, so one
+    serves every chunk count of those demands (``lower_bound(..., capacity=)``)."""
+
+    demands: tuple[tuple[str, tuple[int, ...], int], ...]  # (collective, ranks, size) each
+    bandwidth: tuple[float, str]
+    latency: tuple[float, str]
+
+
+def _key(demands: Sequence[Demand]) -> tuple[tuple[str, tuple[int, ...], int], ...]:
+    return tuple((d.collective.value, tuple(d.ranks), d.size) for d in demands)
+
+
+def capacity(fabric: Topology, demand: Demand, others: Sequence[Demand] = ()) -> Capacity:
+    """``lower_bound``'s bandwidth and latency parts for ``demand`` (and ``others``)."""
     demands = [demand, *others]
     for d in demands:
         fabric.check_connected(list(d.ranks), where=f"lower bound for {d.name or 'demand'}")
@@ -88,11 +100,23 @@ def lower_bound(fabric: Topology, demand: Demand, others: Sequence[Demand] = (),
         # cuts stay valid with in-switch reduction: a sum crossing a cut is still S bytes
         if cand[0] > best[0]:
             best = cand
-    lat, lat_reason = _latency(fabric, demands)
+    return Capacity(_key(demands), best, _latency(fabric, demands))
+
+
+def lower_bound(fabric: Topology, demand: Demand, others: Sequence[Demand] = (),
+                whole_chunks: bool = True, known: Capacity | None = None) -> Bound:
+    """A time no schedule of ``demand`` (and ``others``, jointly) on ``fabric`` can beat.
+    ``whole_chunks=False`` is for a schedule whose transfers may move chunk ranges (a
+    hand-written or rail-hierarchical one): the per-transfer bound does not hold there.
+    ``known``: these demands' ``capacity``, found already (else it is found here)."""
+    demands = [demand, *others]
+    cap = known if known is not None and known.demands == _key(demands) else capacity(
+        fabric, demand, others)
+    (band, band_reason), (lat, lat_reason) = cap.bandwidth, cap.latency
     count, count_reason = _transfers(fabric, demands) if whole_chunks else (0.0, "")
-    value, reason = max((best[0], best[1]), (lat, lat_reason), (count, count_reason),
+    value, reason = max((band, band_reason), (lat, lat_reason), (count, count_reason),
                         key=lambda x: x[0])
-    return Bound(best[0], lat, value, reason, count)
+    return Bound(band, lat, value, reason, count)
 
 
 # ---- bytes that must cross a cut -----------------------------------------------------------

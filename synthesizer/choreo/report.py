@@ -9,7 +9,7 @@ number choreo prints about a schedule comes from the same place.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -21,11 +21,14 @@ from choreo.baselines import (
     baseline_makespan,
     baselines_for,
 )
-from choreo.bounds import Bound, lower_bound
-from choreo.nccl.compare import versus_nccl
+from choreo.bounds import Bound, Capacity, capacity, lower_bound
+from choreo.collectives import Demand
+from choreo.nccl.compare import nccl_as_it_runs, versus_nccl
+from choreo.nccl.model import NcclResult
 from choreo.schedule import Schedule
 from choreo.simulate import SimResult, simulate
 from choreo.synth import auto_chunks
+from choreo.topology import Topology
 from choreo.verify import Verdict, verify
 
 NCCL = "nccl"
@@ -98,17 +101,39 @@ class Evaluation:
         }
 
 
-def tenant_bounds(schedule: Schedule, times: np.ndarray) -> list[Bound]:
+@dataclass(frozen=True)
+class Known:
+    """What judging a schedule of ``demands`` needs that does not depend on the schedule:
+    each tenant's bound capacity alone, every tenant's jointly (more than one), and NCCL's
+    run of each (None: NCCL could not connect its ranks). Found once, beside the solve."""
+
+    alone: tuple[Capacity, ...]
+    joint: Capacity | None
+    nccl: tuple[NcclResult | None, ...]
+
+
+def known(fabric: Topology, demands: Sequence[Demand]) -> Known:
+    """``Known`` for ``demands`` on ``fabric``; a solve may change their chunks only."""
+    return Known(tuple(capacity(fabric, d) for d in demands),
+                 capacity(fabric, demands[0], demands[1:]) if len(demands) > 1 else None,
+                 tuple(nccl_as_it_runs(fabric, d) for d in demands))
+
+
+def tenant_bounds(schedule: Schedule, times: np.ndarray, found: Known | None = None,
+                  ) -> list[Bound]:
     """Per tenant, a time its collective cannot beat: its own bound, and for the tenant
     that ends last the larger of that and the joint bound of every tenant. The joint bound
     holds for the last end only: a tenant that goes first may well beat it (two tenants
     crossing one NIC-wide spine uplink: 2.838 ms for the first, against 2.918 ms for
-    both)."""
+    both). ``found``: their capacities, where known already."""
     demands, whole = schedule.demands, not schedule.ranged
-    alone = [lower_bound(schedule.fabric, d, whole_chunks=whole) for d in demands]
+    alone = [lower_bound(schedule.fabric, d, whole_chunks=whole,
+                         known=found.alone[t] if found else None)
+             for t, d in enumerate(demands)]
     if len(demands) < 2:
         return alone
-    joint = lower_bound(schedule.fabric, demands[0], demands[1:], whole_chunks=whole)
+    joint = lower_bound(schedule.fabric, demands[0], demands[1:], whole_chunks=whole,
+                        known=found.joint if found else None)
     last = int(np.argmax(times))
     alone[last] = max(alone[last], joint, key=lambda b: b.value_s)
     return alone
@@ -118,15 +143,17 @@ def evaluate(
     schedule: Schedule,
     baselines: bool = True,
     step: Callable[[str], None] | None = None,
+    found: Known | None = None,
 ) -> Evaluation:
-    """Verify and simulate ``schedule``; bound and baseline every tenant."""
+    """Verify and simulate ``schedule``; bound and baseline every tenant (``found``: the
+    bounds' capacities, where known already)."""
     say = step or (lambda _msg: None)
     say("verifying")
     verdict = verify(schedule)
     say("simulating")
     sim = simulate(schedule)
     fabric = schedule.fabric
-    bounds = tenant_bounds(schedule, sim.tenant_time)
+    bounds = tenant_bounds(schedule, sim.tenant_time, found)
     results = []
     for t, d in enumerate(schedule.demands):
         bound = bounds[t]

@@ -4,15 +4,18 @@ in every tenant's summary, textbook single-channel algorithms named for what the
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from choreo.bounds import lower_bound
 from choreo.cli import main
 from choreo.collectives import Collective, Demand
 from choreo.generators import build
+from choreo.nccl.compare import versus, versus_nccl
 from choreo.nccl.model import nccl_baseline
-from choreo.report import NCCL, evaluate
+from choreo.report import NCCL, evaluate, known
 from choreo.synth import SynthOptions, synthesize
 
 
@@ -88,3 +91,30 @@ def test_the_comparison_can_use_the_portfolio_which_is_never_slower() -> None:
                                    Engine("auto", 5.0))
     assert nccl_again == nccl
     assert max(auto) <= max(greedy) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(("fabric_name", "sizes"), [
+    ("dgx-h100-16", (64 << 20,)),  # the rail plan: the solve picks its own chunks
+    ("dgx-h100-2", (1 << 24, 1 << 22)),  # two tenants: each alone, and jointly for the last
+])
+def test_what_judging_finds_before_the_solve_is_what_it_would_find_after(
+        fabric_name: str, sizes: tuple[int, ...]) -> None:
+    """``known`` is found from the demands as asked (one chunk), before the solve; judging
+    the schedule with it gives every bound and NCCL comparison it gives without, though the
+    schedule's demands carry other chunks. A capacity for other demands is not used."""
+    fabric = build(fabric_name)
+    n = len(fabric.npus) // len(sizes)
+    asked = [Demand(Collective.ALLREDUCE, tuple(fabric.npus[t * n:(t + 1) * n]), size, 1,
+                    name=f"t{t}") for t, size in enumerate(sizes)]
+    schedule = synthesize(fabric, asked, SynthOptions(restarts=1, relay=False))
+    if len(sizes) == 1:
+        assert schedule.demands[0].chunks > 1  # not the demand ``known`` was found for
+    found = known(fabric, asked)
+    with_it = evaluate(schedule, baselines=False, found=found)
+    without = evaluate(schedule, baselines=False)
+    assert [(t.bound, t.bound_kind) for t in with_it.tenants] == [
+        (t.bound, t.bound_kind) for t in without.tenants]
+    for t, d in enumerate(schedule.demands):
+        assert versus(found.nccl[t], 1e-3) == versus_nccl(fabric, d, 1e-3)
+    other = replace(asked[0], size=2 * asked[0].size)
+    assert lower_bound(fabric, other, known=found.alone[0]) == lower_bound(fabric, other)

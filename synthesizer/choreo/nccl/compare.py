@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from choreo.collectives import Demand
 from choreo.errors import ChoreoError
-from choreo.nccl.model import nccl_baseline
+from choreo.nccl.model import NcclResult, nccl_baseline
 from choreo.topology import Topology
 
 
@@ -37,11 +37,24 @@ class Versus:
                 f"({self.nccl_s * 1e3:.3f} ms against {self.choreo_s * 1e3:.3f} ms)")
 
 
+def nccl_as_it_runs(fabric: Topology, demand: Demand) -> NcclResult | None:
+    """NCCL's own choice and time for ``demand`` on ``fabric``; None where NCCL could not
+    connect the ranks (nothing to compare with, so nothing to fall back to). It does not
+    depend on how choreo cuts the data into chunks."""
+    try:
+        return nccl_baseline(fabric, demand)
+    except ChoreoError:
+        return None
+
+
+def versus(nccl: NcclResult | None, choreo_s: float) -> Versus | None:
+    """choreo at ``choreo_s`` seconds against NCCL's run ``nccl`` (None: none to compare)."""
+    if nccl is None:
+        return None
+    return Versus(choreo_s, nccl.seconds, f"{nccl.choice}, {nccl.channels} channels")
+
+
 def versus_nccl(fabric: Topology, demand: Demand, choreo_s: float) -> Versus | None:
     """How ``demand`` at ``choreo_s`` seconds compares with NCCL on ``fabric``; None where
     NCCL could not connect the ranks (nothing to compare with, so nothing to fall back to)."""
-    try:
-        result = nccl_baseline(fabric, demand)
-    except ChoreoError:
-        return None
-    return Versus(choreo_s, result.seconds, f"{result.choice}, {result.channels} channels")
+    return versus(nccl_as_it_runs(fabric, demand), choreo_s)

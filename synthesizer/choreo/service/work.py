@@ -29,14 +29,15 @@ from choreo.msccl.buckets import BucketFile, plan_files
 from choreo.msccl.layout import max_buckets
 from choreo.msccl.lower import Pack, lowerable
 from choreo.msccl.packed import Codec, pack_xml
-from choreo.nccl.compare import versus_nccl
-from choreo.report import evaluate
+from choreo.nccl.compare import versus, versus_nccl
+from choreo.report import Known, evaluate, known
 from choreo.schedule import Schedule
 from choreo.service.api import pb
 from choreo.service.buckets import SizeBucket, plan_buckets
 from choreo.service.convert import TenantSpec, Work
 from choreo.service.status import RequestError, invalid
 from choreo.synth import SynthOptions, auto_chunks, synthesize
+from choreo.topology import Topology
 
 MAX_ERRORS = 10
 # Files from this size of text are compressed one member per part (a rank, or a pod's ranks
@@ -68,21 +69,35 @@ class _Solve:
 
 
 @dataclass(frozen=True)
+class _Known:
+    """What judging one round needs that its schedule does not change (``report.Known``):
+    found while the round is solved, by the other process where there is a helper."""
+
+    fabric: Topology
+    demands: tuple[Demand, ...]
+
+    def run(self) -> Known:
+        return known(self.fabric, self.demands)
+
+
+@dataclass(frozen=True)
 class _Judge:
     """Verify and simulate one round's schedule: per tenant its prediction (against NCCL as
     it runs too), and the verdict. Plain values come back (the generated message classes do
-    not pickle)."""
+    not pickle). ``found``: the round's ``Known``, where it was found beside the solve."""
 
     schedule: Schedule
+    found: Known | None = None
 
     def run(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        ev = evaluate(self.schedule, baselines=False)
+        ev = evaluate(self.schedule, baselines=False, found=self.found)
         predictions = []
-        for tr, demand in zip(ev.tenants, self.schedule.demands, strict=True):
+        for t, (tr, demand) in enumerate(zip(ev.tenants, self.schedule.demands, strict=True)):
             p = dict(time_seconds=tr.time, algbw_bytes_per_second=tr.algbw,
                      busbw_bytes_per_second=tr.busbw, lower_bound_seconds=tr.bound,
                      fraction_of_bound=tr.fraction_of_bound, bound_kind=tr.bound_kind)
-            vs = versus_nccl(self.schedule.fabric, demand, tr.time)
+            vs = (versus(self.found.nccl[t], tr.time) if self.found is not None
+                  else versus_nccl(self.schedule.fabric, demand, tr.time))
             if vs is not None:
                 p.update(nccl_time_seconds=vs.nccl_s, nccl_choice=vs.choice,
                          speedup_vs_nccl=vs.speedup)
@@ -114,7 +129,7 @@ class _Encode:
         return body, ends, done.max_bytes
 
 
-Task = _Solve | _Judge | _Encode
+Task = _Solve | _Known | _Judge | _Encode
 
 
 def run(work: Work, say: Say, helper: Connection | None = None) -> bytes:
@@ -151,13 +166,25 @@ def _run(work: Work, say: Say, helper: Connection | None) -> bytes:
         for k, (i, bk) in enumerate(zip(members, picked, strict=True)):
             if b < len(plans[i][j]):  # else it only kept the others company
                 slots.setdefault((i, j), []).append((bk, r, k))
-    schedules: list[Schedule] = _share(solves, helper, lambda done, _task: say(
-        "synthesizing", f"{done} of {len(rounds)} rounds solved", done, total))
+    # What judging needs that the schedules do not change is found beside the solves.
+    knowns: list[Task] = [_Known(fabric, s.demands) for s in solves if isinstance(s, _Solve)]
+    rounds_solved = 0
+
+    def solving(_done: int, task: Task) -> None:
+        nonlocal rounds_solved
+        if isinstance(task, _Solve):
+            rounds_solved += 1
+            say("synthesizing", f"{rounds_solved} of {len(rounds)} rounds solved",
+                rounds_solved, total)
+
+    first_stage = _share(solves + knowns, helper, solving)
+    schedules: list[Schedule] = first_stage[:len(rounds)]
+    found: list[Known] = first_stage[len(rounds):]
     solved = {key: [_Solved(bk, r, k, schedules[r]) for bk, r, k in items]
               for key, items in slots.items()}
     files = {key: _files(items, work, f"tenants[{key[0]}].collectives[{key[1]}]")
              for key, items in solved.items()}
-    judges: list[Task] = [_Judge(s) for s in schedules]
+    judges: list[Task] = [_Judge(s, k) for s, k in zip(schedules, found, strict=True)]
     every = [(key, b) for key in solved for b in range(len(files[key]))]
     # One round leaves the helper idle while its schedule is judged: the files are lowered
     # meanwhile (here, where it was solved; the helper judges), and those NCCL is predicted
@@ -295,6 +322,8 @@ def _cost(task: Task) -> float:
     a solve, by its demands' chunks."""
     if isinstance(task, _Solve):
         return float(sum(d.num_chunks * d.n for d in task.demands))
+    if isinstance(task, _Known):  # after every solve: the solves stay here first
+        return 0.0
     if isinstance(task, _Encode):
         return 2.0 * float(task.file.schedule.count.sum())
     return float(task.schedule.count.sum())
