@@ -12,15 +12,18 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from choreo_dev.kube import ApiException
 from choreo_dev.ports import listen_port
 from choreo_dev.stack import operator_argv, port_open, synthesizer_argv
+
+GROUP = "/apis/choreo.dev/v1alpha1"
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "crds"
@@ -199,3 +202,49 @@ def project_config_map(cm: dict[str, Any], items: list[dict[str, str]], root: Pa
     (root / "..data").symlink_to(copy.name)
     for top in os.listdir(copy):
         (root / top).symlink_to(f"..data/{top}")
+
+
+@dataclass
+class Namespace:
+    """A test's namespace on the local cluster: its CollectiveJobs' status, its ConfigMaps."""
+
+    cluster: Any  # choreo_dev.testing.LocalCluster
+    ns: str
+
+    def status(self, job: str) -> dict[str, Any]:
+        return dict(self.cluster.client.get(
+            f"{GROUP}/namespaces/{self.ns}/collectivejobs/{job}").get("status") or {})
+
+    def configmap(self, name: str) -> dict[str, Any]:
+        return dict(self.cluster.client.get(f"/api/v1/namespaces/{self.ns}/configmaps/{name}"))
+
+
+@contextlib.contextmanager
+def operator_stack(cluster: Any, logs: Path, prefix: str, webhook: str,
+                   extra: Sequence[str] = ()) -> Iterator[tuple[list[str], str, Proc]]:
+    """A test's stack: the cluster prepared (``prepare_cluster``), a synthesizer and an
+    operator serving webhook ``webhook`` (with ``extra`` flags); its nodes, namespace and
+    operator. On exit both are stopped by PID and the fabric and webhook deleted."""
+    nodes, ns = prepare_cluster(cluster, prefix, webhook=webhook)
+    synth, port = start_synthesizer(logs / "synth.log")
+    procs = [synth]
+    try:
+        operator, _ = start_operator(
+            logs / "operator.log", cluster.info.kubeconfig, f"127.0.0.1:{port}", logs / "certs",
+            extra=["--webhook-config", webhook, "--debounce", "0.2", *extra])
+        procs.append(operator)
+        yield nodes, ns, operator
+    finally:
+        tear_down(cluster, procs, prefix, webhook)
+
+
+def tear_down(cluster: Any, procs: Sequence[Proc], fabric: str, webhook: str) -> None:
+    """Stop ``procs`` by PID, then delete the test's FabricTopology and its webhook's
+    configuration (either may be gone already)."""
+    for proc in procs:
+        proc.stop()
+    for path in (f"{GROUP}/fabrictopologies/{fabric}",
+                 f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{webhook}"):
+        with contextlib.suppress(ApiException):
+            cluster.client.delete(path)
+    assert not any(proc.alive() for proc in procs)

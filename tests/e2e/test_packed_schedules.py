@@ -7,54 +7,35 @@ reads. Every process is stopped by PID."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from choreo_dev import operator_testing as T
 from choreo_dev import schedules
-from choreo_dev.kube import ApiException
 from choreo_dev.testing import LocalCluster
 from choreo_operator import results
 
 pytestmark = pytest.mark.e2e
 
-GROUP = "/apis/choreo.dev/v1alpha1"
 WEBHOOK = "choreo-packed-e2e"
 IMAGE = "registry.example/choreo:e2e"
 
 
 @dataclass
-class Stack:
-    cluster: LocalCluster
-    ns: str
+class Stack(T.Namespace):
     operator: T.Proc
-
-    def status(self, job: str) -> dict[str, Any]:
-        return dict(self.cluster.client.get(
-            f"{GROUP}/namespaces/{self.ns}/collectivejobs/{job}").get("status") or {})
-
-    def configmap(self, name: str) -> dict[str, Any]:
-        return dict(self.cluster.client.get(f"/api/v1/namespaces/{self.ns}/configmaps/{name}"))
 
 
 @pytest.fixture(scope="module")
 def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    logs = tmp_path_factory.mktemp("packed")
-    nodes, ns = T.prepare_cluster(cluster, "packed", webhook=WEBHOOK)
-    synth, port = T.start_synthesizer(logs / "synth.log")
-    operator = synth
-    try:
-        operator, _ = T.start_operator(
-            logs / "operator.log", cluster.info.kubeconfig, f"127.0.0.1:{port}", logs / "certs",
-            extra=["--webhook-config", WEBHOOK, "--debounce", "0.2", "--unpack-image", IMAGE])
+    with T.operator_stack(cluster, tmp_path_factory.mktemp("packed"), "packed", WEBHOOK,
+                          ["--unpack-image", IMAGE]) as (nodes, ns, operator):
         job = T.collective_job("pk", max_bytes=1 << 30)
         # The job asks for the portfolio: its schedules (other chunk counts, pieces at either
         # end) travel the same way and must pass the same checks.
@@ -73,14 +54,6 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         except Exception as err:
             raise AssertionError(f"{err}\n{T.tail(operator.log, 40)}") from None
         yield st
-    finally:
-        operator.stop()
-        synth.stop()
-        for path in (f"{GROUP}/fabrictopologies/packed",
-                     f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{WEBHOOK}"):
-            with contextlib.suppress(ApiException):
-                cluster.client.delete(path)
-    assert not operator.alive() and not synth.alive()
 
 
 def test_config_maps_hold_gzipped_xml_that_verifies(stack: Stack) -> None:

@@ -7,7 +7,6 @@ files and nothing else. Every process is stopped by PID."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -20,13 +19,11 @@ import pytest
 
 from choreo_dev import operator_testing as T
 from choreo_dev import schedules
-from choreo_dev.kube import ApiException
 from choreo_dev.testing import LocalCluster
 from choreo_operator import results
 
 pytestmark = pytest.mark.e2e
 
-GROUP = "/apis/choreo.dev/v1alpha1"
 WEBHOOK = "choreo-split-e2e"
 IMAGE = "registry.example/choreo:e2e"
 SPLIT_BYTES = 16_000  # a pod's packed part is about 6 KB here: a few pods to a ConfigMap
@@ -34,17 +31,8 @@ PODS = 8
 
 
 @dataclass
-class Stack:
-    cluster: LocalCluster
-    ns: str
+class Stack(T.Namespace):
     nodes: list[str]
-
-    def status(self, job: str) -> dict[str, Any]:
-        return dict(self.cluster.client.get(
-            f"{GROUP}/namespaces/{self.ns}/collectivejobs/{job}").get("status") or {})
-
-    def configmap(self, name: str) -> dict[str, Any]:
-        return dict(self.cluster.client.get(f"/api/v1/namespaces/{self.ns}/configmaps/{name}"))
 
 
 def _pod(rank: int, nodes: list[str]) -> dict[str, Any]:
@@ -53,15 +41,8 @@ def _pod(rank: int, nodes: list[str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    logs = tmp_path_factory.mktemp("split")
-    nodes, ns = T.prepare_cluster(cluster, "split", webhook=WEBHOOK)
-    synth, port = T.start_synthesizer(logs / "synth.log")
-    operator = synth
-    try:
-        operator, _ = T.start_operator(
-            logs / "operator.log", cluster.info.kubeconfig, f"127.0.0.1:{port}", logs / "certs",
-            extra=["--webhook-config", WEBHOOK, "--debounce", "0.2", "--unpack-image", IMAGE,
-                   "--split-bytes", str(SPLIT_BYTES)])
+    with T.operator_stack(cluster, tmp_path_factory.mktemp("split"), "split", WEBHOOK, [
+            "--unpack-image", IMAGE, "--split-bytes", str(SPLIT_BYTES)]) as (nodes, ns, operator):
         cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(T.collective_job("sp")))
         for rank in range(PODS):
             cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(_pod(rank, nodes)))
@@ -73,14 +54,6 @@ def stack(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         except Exception as err:
             raise AssertionError(f"{err}\n{T.tail(operator.log, 40)}") from None
         yield st
-    finally:
-        operator.stop()
-        synth.stop()
-        for path in (f"{GROUP}/fabrictopologies/split",
-                     f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{WEBHOOK}"):
-            with contextlib.suppress(ApiException):
-                cluster.client.delete(path)
-    assert not operator.alive() and not synth.alive()
 
 
 def test_pods_parts_share_config_maps_each_under_its_own_prefix(stack: Stack) -> None:
