@@ -117,12 +117,16 @@ struct TbPlan {
 
 const NONE: usize = usize::MAX;
 
+/// A few indices, inline: most events wait on one or two others, and a heap allocation
+/// per event was most of the hazard pass.
+type Few = smallvec::SmallVec<[usize; 2]>;
+
 struct Hazards {
-    deps: Vec<Vec<usize>>,
+    deps: Vec<Few>,
     read_loc: Vec<Loc>,
     home: Vec<Loc>,
     operand: Vec<Loc>,
-    readers: Vec<Vec<usize>>, // per transfer: sends that read what its receive wrote
+    readers: Vec<Few>, // per transfer: sends that read what its receive wrote
     next_reduce: Vec<bool>,   // per transfer: a later write to its atoms reduces
     final_write: Vec<bool>,   // per transfer: its receive is an atom's last write
     scratch: Vec<i64>,
@@ -151,11 +155,11 @@ fn hazards(inp: &Input) -> Result<Hazards, LowerError> {
     let t = inp.src.len();
     let atoms = inp.atom_size.len();
     let mut h = Hazards {
-        deps: vec![Vec::new(); 2 * t],
+        deps: vec![Few::new(); 2 * t],
         read_loc: vec![(b'i', -1); t],
         home: vec![(b'o', -1); t],
         operand: vec![(b'i', -1); t],
-        readers: vec![Vec::new(); t],
+        readers: vec![Few::new(); t],
         next_reduce: vec![false; t],
         final_write: vec![false; t],
         scratch: vec![0; inp.n],
@@ -183,6 +187,7 @@ fn hazards(inp: &Input) -> Result<Hazards, LowerError> {
         }
     };
     let mut locs: Vec<Loc> = Vec::new();
+    let mut waits: Vec<usize> = Vec::new();
     for &e in inp.order {
         let e = e as usize;
         if e < t {
@@ -245,7 +250,7 @@ fn hazards(inp: &Input) -> Result<Hazards, LowerError> {
             }
             h.operand[x] = joined(x, &locs, mine, inp.atom_size)?;
         }
-        let mut waits: Vec<usize> = Vec::new();
+        waits.clear();
         for &a in mine {
             let a = a as usize;
             let w = last[a];
@@ -262,7 +267,7 @@ fn hazards(inp: &Input) -> Result<Hazards, LowerError> {
             last[a] = e;
         }
         let deps = &mut h.deps[e];
-        for w in waits {
+        for &w in &waits {
             if !deps.contains(&w) {
                 deps.push(w);
             }
