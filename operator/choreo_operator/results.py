@@ -7,8 +7,9 @@ pods mount them with ``items[].path: msccl/<key>`` so ``MSCCL_ALGO_DIR=<mount>/m
 holds nothing but XML. When the files exceed what one ConfigMap holds (1 MiB), they are cut
 per pod instead: a pod's part keeps only its ranks' ``<gpu>`` elements (a rank only reads its
 own), under keys prefixed ``r<first rank>.``, and consecutive pods' parts share a ConfigMap
-(``<job>-<hash>-r<its first rank>``) up to the split size, so a 1,024-GPU tenant's schedule
-is three objects to write, watch and collect rather than 128; each pod mounts its own keys.
+(``<job>-<hash>-r<its first rank>-<its last rank>``) up to the split size, so a 1,024-GPU
+tenant's schedule is three objects to write, watch and collect rather than 128; each pod
+mounts its own keys.
 
 Packed schedules hold their XML compressed (zstd) under ``binaryData`` (a tenth of the bytes
 or less, which the API server, etcd and every informer of ConfigMaps hold), and a sidecar in
@@ -335,8 +336,10 @@ def config_maps(job: CollectiveJob, schedule: Schedule, pod_ranks: Mapping[str, 
                                   + len(RANKS_KEY) + max(map(len, ranks.values())))
     digest = schedule.content_hash()
     name = base_name(job.name, digest)
-    parts: list[Part] = []
-    bins: list[tuple[str, dict[str, str | bytes]]] = []  # ConfigMap name, its keys
+    # Consecutive pods' parts fill ConfigMaps up to the split size, each named by the ranks
+    # it holds: another cut of the same schedule (another --split-bytes) names other objects,
+    # so one found already always holds what its name says.
+    bins: list[list[tuple[str, int, int, dict[str, str | bytes]]]] = []
     held = 0  # bytes in the last one
     for pod, (first, last) in sorted(pod_ranks.items(), key=lambda x: x[1]):
         prefix = f"r{first}."
@@ -344,12 +347,18 @@ def config_maps(job: CollectiveJob, schedule: Schedule, pod_ranks: Mapping[str, 
         files[prefix + RANKS_KEY] = ranks[first]
         size = sum(len(k) + _size(v) for k, v in files.items())
         if not bins or held + size > split_bytes:
-            bins.append((f"{name}-r{first}", {}))
+            bins.append([])
             held = 0
-        bins[-1][1].update(files)
+        bins[-1].append((pod, first, last, files))
         held += size
-        parts.append(Part(bins[-1][0], first, last, pod_index.get(pod, first), prefix))
-    bodies = [_body(job, part, data, digest, inputs_hash, fingerprint) for part, data in bins]
+    parts: list[Part] = []
+    bodies: list[dict[str, Any]] = []
+    for held_pods in bins:
+        part = f"{name}-r{held_pods[0][1]}-{held_pods[-1][2]}"
+        parts += [Part(part, first, last, pod_index.get(pod, first), f"r{first}.")
+                  for pod, first, last, _ in held_pods]
+        data = {k: v for *_, files in held_pods for k, v in files.items()}
+        bodies.append(_body(job, part, data, digest, inputs_hash, fingerprint))
     return schedule, (name, parts, bodies)
 
 

@@ -66,7 +66,7 @@ def test_pods_parts_share_config_maps_each_under_its_own_prefix(stack: Stack) ->
         cm = stack.configmap(name)
         assert results.data_bytes(cm) <= SPLIT_BYTES
         mine = [p for p in parts if p["name"] == name]
-        assert name.endswith(f"-r{mine[0]['firstRank']}")
+        assert name.endswith(f"-r{mine[0]['firstRank']}-{mine[-1]['lastRank']}")
         assert sorted(cm["binaryData"]) == sorted(
             f"{p['keyPrefix']}{f}" for p in mine for f in stack.status("sp")["files"])
     published = schedules.load(stack.cluster.client, stack.ns, stack.status("sp"))

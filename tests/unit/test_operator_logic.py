@@ -98,8 +98,18 @@ def test_pods_parts_share_config_maps_up_to_the_split_size() -> None:
     assert 2 < len(bodies) < 16 and not results.oversized(bodies)
     assert all(results.data_bytes(b) <= 1000 for b in bodies)
     assert {p.name for p in parts} == {b["metadata"]["name"] for b in bodies}
-    assert bodies[0]["metadata"]["name"] == f"{name}-r0"
     by_name = {b["metadata"]["name"]: b for b in bodies}
+    for n in by_name:  # each named by the ranks it holds
+        mine = [p for p in parts if p.name == n]
+        assert n == f"{name}-r{mine[0].first}-{mine[-1].last}"
+    # Cut for another split size, the same schedule names other objects but where a
+    # ConfigMap holds the same ranks: one found already always holds what its name says.
+    _, (_, _, again) = results.config_maps(
+        _job("a"), sched, pods, {p: i for i, p in enumerate(pods)}, "in", "fp", split_bytes=600)
+    assert len(again) > len(bodies)
+    for body in again:
+        n = body["metadata"]["name"]
+        assert n not in by_name or by_name[n] == body
     for p in parts:
         own = results.xml_files(by_name[p.name], p.prefix)["grads-0.xml"]
         assert own.count("<gpu") == 2 and f'id="{p.first}"' in own and f'id="{p.last}"' in own
@@ -170,7 +180,7 @@ def test_a_pod_too_small_for_every_file_leaves_the_smallest_ranges_to_nccl() -> 
         "ag": (100, 1), "ar": (11, 2)}
     # kept: ag-2, ar-2, ar-1; ag-1 was cut and did not fit; ar-0 and ag-0 went unread
     assert counted.reads == {"ag-2.xml": 1, "ar-2.xml": 1, "ar-1.xml": 1, "ag-1.xml": 1}
-    assert parts[0].name == f"{_job('a').name}-{fitted.content_hash()[:10]}-r0"
+    assert parts[0].name == f"{_job('a').name}-{fitted.content_hash()[:10]}-r0-1"
     assert parts[1].name != parts[0].name  # 0.6 MiB a pod: a ConfigMap each
 
 
