@@ -542,6 +542,7 @@ class CollectiveStatus(Model):
     lower_bound_seconds: float | None = None
     fraction_of_bound: float | None = None
     size_bytes: int | None = None
+    engine: str | None = None
     predicted_nccl_time_seconds: float | None = None
     nccl_choice: str | None = None
     speedup_vs_nccl: float | None = None

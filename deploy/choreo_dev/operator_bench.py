@@ -100,7 +100,9 @@ class Bench:
                     if times else "")
             return Row(what, f"{describe(err)}{done}", f"<= {target:g} s", "issue 6", False)
         p50 = statistics.median(times)
-        return Row(what, f"{p50:.2f} s (n={len(times)}, max {max(times):.2f} s)",
+        # what the failures were answered with: the engine of the job's schedule
+        engine = ", ".join(c.get("engine", "?") for c in self.status(job).get("collectives", []))
+        return Row(what, f"{p50:.2f} s (n={len(times)}, max {max(times):.2f} s; {engine})",
                    f"<= {target:g} s", "issue 6", p50 <= target)
 
     def burst_row(self, jobs: list[str], layout: dict[str, list[str]]) -> Row:

@@ -355,7 +355,7 @@ def _schedule(job: CollectiveJob, slots: list[RankSlot], result: Any,
                 spec.name, int(best.representative_bytes), p.time_seconds,
                 p.busbw_bytes_per_second, p.lower_bound_seconds, p.fraction_of_bound,
                 p.nccl_time_seconds if p.nccl_choice else None, p.nccl_choice,
-                tuple(sorted(sizes.values(), key=lambda r: r.min_bytes))))
+                tuple(sorted(sizes.values(), key=lambda r: r.min_bytes)), best.engine))
     return schedule
 
 

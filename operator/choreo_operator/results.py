@@ -80,6 +80,7 @@ class CollectiveResult:
     nccl_time_seconds: float | None = None
     nccl_choice: str = ""
     sizes: tuple[SizeRange, ...] = ()
+    engine: str = ""  # whose schedule serves ``size_bytes``
 
     @property
     def speedup_vs_nccl(self) -> float | None:
@@ -98,6 +99,8 @@ class CollectiveResult:
                                "lowerBoundSeconds": self.lower_bound_seconds,
                                "fractionOfBound": self.fraction_of_bound,
                                "sizes": [r.status() for r in self.sizes]}
+        if self.engine:
+            doc["engine"] = self.engine
         if self.speedup_vs_nccl is not None:
             doc.update(predictedNcclTimeSeconds=self.nccl_time_seconds,
                        ncclChoice=self.nccl_choice,

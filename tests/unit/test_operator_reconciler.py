@@ -90,7 +90,7 @@ class FakeSynth:
             for c in t.collectives:
                 res = out.collectives.add(collective=c.collective)
                 res.buckets.add(min_bytes=c.min_bytes, max_bytes=c.max_bytes,
-                                representative_bytes=c.max_bytes,
+                                representative_bytes=c.max_bytes, engine="rail-gather",
                                 xml=XML.format(n=len(t.npus)),
                                 prediction=pb.Prediction(busbw_bytes_per_second=1e10,
                                                          fraction_of_bound=0.8),
@@ -160,6 +160,8 @@ def test_one_request_per_group_and_nothing_when_nothing_changed() -> None:
     assert len(api.configmaps()) == 2
     final = api.status("a")
     assert final["phase"] == "Ready" and final["ranks"] == 8 and final["files"] == ["grads-0.xml"]
+    # whose schedule runs: the bucket's engine, not the request's option (greedy)
+    assert [c["engine"] for c in final["collectives"]] == ["rail-gather"]
 
 
 def test_failure_then_resolution_restores_the_same_configmap() -> None:
