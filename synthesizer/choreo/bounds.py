@@ -78,14 +78,15 @@ class Bound:
 class Capacity:
     """The bandwidth and latency parts of a lower bound, each with its reason: they depend on
     the fabric and each demand's collective, ranks and size, not on its chunks, so one
-    serves every chunk count of those demands (``lower_bound(..., capacity=)``)."""
+    serves every chunk count of those demands (``lower_bound(..., known=)``)."""
 
     demands: tuple[tuple[str, tuple[int, ...], int], ...]  # (collective, ranks, size) each
     bandwidth: tuple[float, str]
     latency: tuple[float, str]
 
 
-def _key(demands: Sequence[Demand]) -> tuple[tuple[str, tuple[int, ...], int], ...]:
+def demand_key(demands: Sequence[Demand]) -> tuple[tuple[str, tuple[int, ...], int], ...]:
+    """What of ``demands`` a ``Capacity`` (and NCCL's run) depends on: not their chunks."""
     return tuple((d.collective.value, tuple(d.ranks), d.size) for d in demands)
 
 
@@ -100,7 +101,7 @@ def capacity(fabric: Topology, demand: Demand, others: Sequence[Demand] = ()) ->
         # cuts stay valid with in-switch reduction: a sum crossing a cut is still S bytes
         if cand[0] > best[0]:
             best = cand
-    return Capacity(_key(demands), best, _latency(fabric, demands))
+    return Capacity(demand_key(demands), best, _latency(fabric, demands))
 
 
 def lower_bound(fabric: Topology, demand: Demand, others: Sequence[Demand] = (),
@@ -110,7 +111,7 @@ def lower_bound(fabric: Topology, demand: Demand, others: Sequence[Demand] = (),
     hand-written or rail-hierarchical one): the per-transfer bound does not hold there.
     ``known``: these demands' ``capacity``, found already (else it is found here)."""
     demands = [demand, *others]
-    cap = known if known is not None and known.demands == _key(demands) else capacity(
+    cap = known if known is not None and known.demands == demand_key(demands) else capacity(
         fabric, demand, others)
     (band, band_reason), (lat, lat_reason) = cap.bandwidth, cap.latency
     count, count_reason = _transfers(fabric, demands) if whole_chunks else (0.0, "")

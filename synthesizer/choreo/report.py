@@ -21,7 +21,7 @@ from choreo.baselines import (
     baseline_makespan,
     baselines_for,
 )
-from choreo.bounds import Bound, Capacity, capacity, lower_bound
+from choreo.bounds import Bound, Capacity, capacity, demand_key, lower_bound
 from choreo.collectives import Demand
 from choreo.nccl.compare import nccl_as_it_runs, versus_nccl
 from choreo.nccl.model import NcclResult
@@ -111,6 +111,10 @@ class Known:
     joint: Capacity | None
     nccl: tuple[NcclResult | None, ...]
 
+    def serves(self, demands: Sequence[Demand]) -> bool:
+        """Whether it was found for ``demands`` (their chunks aside)."""
+        return tuple(c.demands[0] for c in self.alone) == demand_key(demands)
+
 
 def known(fabric: Topology, demands: Sequence[Demand]) -> Known:
     """``Known`` for ``demands`` on ``fabric``; a solve may change their chunks only."""
@@ -127,6 +131,8 @@ def tenant_bounds(schedule: Schedule, times: np.ndarray, found: Known | None = N
     crossing one NIC-wide spine uplink: 2.838 ms for the first, against 2.918 ms for
     both). ``found``: their capacities, where known already."""
     demands, whole = schedule.demands, not schedule.ranged
+    if found is not None and not found.serves(demands):
+        found = None
     alone = [lower_bound(schedule.fabric, d, whole_chunks=whole,
                          known=found.alone[t] if found else None)
              for t, d in enumerate(demands)]

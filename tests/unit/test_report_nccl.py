@@ -118,3 +118,4 @@ def test_what_judging_finds_before_the_solve_is_what_it_would_find_after(
         assert versus(found.nccl[t], 1e-3) == versus_nccl(fabric, d, 1e-3)
     other = replace(asked[0], size=2 * asked[0].size)
     assert lower_bound(fabric, other, known=found.alone[0]) == lower_bound(fabric, other)
+    assert found.serves(schedule.demands) and not found.serves([other, *asked[1:]])

@@ -90,13 +90,14 @@ class _Judge:
     found: Known | None = None
 
     def run(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        ev = evaluate(self.schedule, baselines=False, found=self.found)
+        found = self.found if self.found and self.found.serves(self.schedule.demands) else None
+        ev = evaluate(self.schedule, baselines=False, found=found)
         predictions = []
         for t, (tr, demand) in enumerate(zip(ev.tenants, self.schedule.demands, strict=True)):
             p = dict(time_seconds=tr.time, algbw_bytes_per_second=tr.algbw,
                      busbw_bytes_per_second=tr.busbw, lower_bound_seconds=tr.bound,
                      fraction_of_bound=tr.fraction_of_bound, bound_kind=tr.bound_kind)
-            vs = (versus(self.found.nccl[t], tr.time) if self.found is not None
+            vs = (versus(found.nccl[t], tr.time) if found is not None
                   else versus_nccl(self.schedule.fabric, demand, tr.time))
             if vs is not None:
                 p.update(nccl_time_seconds=vs.nccl_s, nccl_choice=vs.choice,
