@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
+from choreo.service.ports import listen_port
 from choreo_dev import build, fabric, nodes, paths
 from choreo_dev.cluster import Cluster, ClusterInfo
 from choreo_dev.errors import DevClusterError
 from choreo_dev.kube import KubeClient
-from choreo_dev.ports import listen_port
 from choreo_dev.stack import (
     HOST,
     AgentOptions,

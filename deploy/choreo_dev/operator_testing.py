@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
+from choreo.service.ports import listen_port
 from choreo_dev.kube import ApiException
-from choreo_dev.ports import listen_port
 from choreo_dev.stack import operator_argv, port_open, synthesizer_argv
 
 GROUP = "/apis/choreo.dev/v1alpha1"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from choreo.service.ports import is_free
 from choreo_dev.cluster import Cluster
 from choreo_dev.paths import PACKAGE_DIR
-from choreo_dev.ports import is_free
 from choreo_dev.procs import is_alive
 
 pytestmark = pytest.mark.e2e

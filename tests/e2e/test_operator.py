@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from choreo import msccl
+from choreo.service.ports import listen_port
 from choreo_dev import operator_testing as T
 from choreo_dev.kube import ApiException
-from choreo_dev.ports import listen_port
 from choreo_dev.testing import LocalCluster
 
 pytestmark = pytest.mark.e2e

@@ -26,10 +26,10 @@ import yaml
 from choreo.collectives import Collective
 from choreo.generators import build
 from choreo.service.client import Client, TenantRequest, build_request, open_channel
+from choreo.service.ports import listen_port
 from choreo.telemetry import Reporter, bus_factor
 from choreo_dev.dashboard import promql
 from choreo_dev.dashboard.render import render
-from choreo_dev.ports import listen_port
 from choreo_dev.stack import (
     AgentOptions,
     agent_argv,

@@ -9,7 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from service_helpers import ROOT, Running, Subprocess, free_port, start_server, wait_for_port
+from service_helpers import ROOT, Running, Subprocess, start_server, wait_for_port
+
+from choreo.service.ports import listen_port
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def subprocess_server(tmp_path: Path) -> Iterator[Callable[..., Subprocess]]:
     children: list[Subprocess] = []
 
     def start(*extra: str) -> Subprocess:
-        port, metrics = free_port(), free_port()
+        port, metrics = listen_port(), listen_port()
         log = tmp_path / f"server-{port}.log"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(ROOT / "synthesizer"), os.environ.get("PYTHONPATH", "")]))

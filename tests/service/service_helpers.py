@@ -26,15 +26,10 @@ from choreo.service.client import (
     build_request,
     open_channel,
 )
+from choreo.service.ports import listen_port
 from choreo.service.server import ServerConfig, SynthesizerServer
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def quick_request(tenant: str = "quick", *, seed: int = 0, topology: str = "3d-rfs-16",
@@ -73,7 +68,7 @@ class Running:
 
 
 def start_server(**overrides: object) -> Running:
-    settings: dict[str, Any] = {"host": "127.0.0.1", "port": free_port(), "metrics_port": 0,
+    settings: dict[str, Any] = {"host": "127.0.0.1", "port": listen_port(), "metrics_port": 0,
                                 "warmup_topology": "ring-8", "grace": 5.0}
     cfg = ServerConfig(**{**settings, **overrides})
     server = SynthesizerServer(cfg)

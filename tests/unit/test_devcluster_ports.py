@@ -6,8 +6,9 @@ import socket
 
 import pytest
 
+from choreo.service.ports import ephemeral_port, ephemeral_range, is_free, listen_port
 from choreo_dev.errors import DevClusterError
-from choreo_dev.ports import choose_ports, ephemeral_port, ephemeral_range, is_free, listen_port
+from choreo_dev.ports import choose_ports
 
 
 def test_requested_port_in_use_is_a_clear_error() -> None:

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from choreo.service.ports import listen_port
 from choreo_dev import build, fabric, nodes
 from choreo_dev import operator_testing as op_testing
 from choreo_dev.cluster import Cluster, ClusterInfo
 from choreo_dev.kube import ApiException, KubeClient, run_kubectl, wait_for
 from choreo_dev.observe import GROUP
-from choreo_dev.ports import listen_port
 from choreo_dev.stack import (
     HOST,
     AgentOptions,

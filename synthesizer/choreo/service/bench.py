@@ -18,7 +18,6 @@ import multiprocessing as mp
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ import psutil
 from rich.console import Console
 
 from choreo.benchtable import Row, print_rows
+from choreo.service.ports import listen_port
 
 TOPOLOGY = "3d-rfs-64"
 MIN_BYTES, MAX_BYTES = 1 << 20, 1 << 30
@@ -116,12 +116,6 @@ async def _drive(first: int, kinds: list[str], address: str, ids: list[str], sta
     out.put([s for r in results for s in r])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _floor_server(port: int, response: bytes, workers: int, queue: int,
                   stop_at: float) -> None:
     """A gRPC server that answers every Synthesize call with one prebuilt response, built as
@@ -174,7 +168,7 @@ def _floor(response: bytes, clients: int, client_procs: int, seconds: float, wor
            queue: int) -> dict[str, float]:
     """Cached-path latency and rate against ``_floor_server``, same clients, same response."""
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = listen_port()
     server = ctx.Process(target=_floor_server,
                          args=(port, response, workers, queue, time.time() + seconds + 120))
     server.start()
@@ -257,7 +251,7 @@ def run(seconds: float, clients: int, fresh_clients: int, revalidate_clients: in
         workers: int, cached: int, client_procs: int, console: Console) -> dict[str, Any]:
     from choreo.service.client import Client, open_channel
 
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = listen_port(), listen_port()
     address = f"127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "choreo.service", "serve", "--host", "127.0.0.1",
            "--port", str(port), "--metrics-port", str(metrics_port), "--workers", str(workers),

@@ -26,7 +26,8 @@ from pathlib import Path
 from rich.console import Console
 
 from choreo.benchtable import Row, print_rows
-from choreo.service.bench import _free_port, _request, _wait_serving
+from choreo.service.bench import _request, _wait_serving
+from choreo.service.ports import listen_port
 
 MISSES = re.compile(r"^choreo_synthesizer_cache_misses_total (\S+)$", re.M)
 
@@ -41,7 +42,7 @@ def _misses(port: int) -> int:
 
 
 def _start(log: Path) -> tuple[subprocess.Popen[bytes], int, int]:
-    port, metrics = _free_port(), _free_port()
+    port, metrics = listen_port(), listen_port()
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "choreo.service", "serve", "--host", "127.0.0.1",
