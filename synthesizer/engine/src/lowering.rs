@@ -73,12 +73,33 @@ pub enum LowerError {
     DepTargets(i64, usize),
     /// channels used after instances
     TooManyChannels(i64),
+    /// the packing's part ends, or the compressor's own error
+    Pack(String),
+}
+
+/// The `<gpu>` elements as the emission hands them over.
+pub enum Elements {
+    /// Runs of consecutive elements, their newlines included; the file's elements are these
+    /// in order (kept apart, so they are copied once, side by side, into their bytes). One
+    /// run per rank where no `Packing` asked for frames.
+    Plain(Vec<String>),
+    /// One zstd frame (with its checksum) per part of the `Packing`, written as each part's
+    /// elements were: a 1,024-GPU file's 68 MB of text never exist at once.
+    Frames(Vec<Vec<u8>>),
+}
+
+/// Frames of the elements wanted: part `k` holds ranks `ends[k - 1]..ends[k]` (from 0; no
+/// `ends`: a part per rank), compressed at `level`, where the elements come to `from` bytes
+/// or more (smaller ones stay plain). The emission writes frames straight away where its
+/// estimate of the size reaches `from`, and mends a wrong guess either way.
+pub struct Packing<'a> {
+    pub ends: &'a [usize],
+    pub level: i32,
+    pub from: usize,
 }
 
 pub struct Output {
-    /// Each rank's `<gpu>` element, its newline included; the file's elements are these in
-    /// rank order (kept apart, so they are copied once, side by side, into their bytes)
-    pub gpus: Vec<String>,
+    pub elements: Elements,
     /// Where each rank's `<gpu>` element ends in the elements joined
     pub gpu_ends: Vec<usize>,
     pub epochs: i64,
@@ -628,8 +649,8 @@ fn push_int(out: &mut String, v: i64) {
     out.push_str(itoa::Buffer::new().format(v));
 }
 
-/// One rank's `<gpu>` element, its newline included, and the channels it uses.
-fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String, i64), LowerError> {
+/// One rank's `<gpu>` element, its newline included, appended to `body`; the channels it uses.
+fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize, body: &mut String) -> Result<i64, LowerError> {
     let i_n = inp.instances;
     let mut nchannels = 1;
     let plans = &plan.tbs[g];
@@ -666,7 +687,7 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String,
     // A step is about 120 bytes: the body is written once, not regrown and copied as it fills
     // (a 1,024-GPU file's elements: 0.09 s, was 0.09-0.12 s).
     let steps: usize = s_of.iter().map(|idx| idx.last().map_or(0, |&v| v as usize + 1)).sum();
-    let mut body = String::with_capacity((steps * 128 + plans.len() * 64) * i_n as usize + 96);
+    body.reserve((steps * 128 + plans.len() * 64) * i_n as usize + 96);
     let _ = write!(
         body,
         "  <gpu id=\"{}\" i_chunks=\"{}\" o_chunks=\"{}\" s_chunks=\"{}\">",
@@ -677,9 +698,10 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String,
     );
     let mut tb_count = 0;
     let mut step_count = 0;
+    let mut steps: Vec<Step> = Vec::new();
     for &ti in &order {
         let p = &plans[ti];
-        let mut steps: Vec<Step> = Vec::new();
+        steps.clear();
         for (k, op) in p.ops.iter().enumerate() {
             let keep = &waits[ti][k];
             for &(tt, kk) in keep.iter().take(keep.len().saturating_sub(1)) {
@@ -725,36 +747,36 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String,
             tb_count += 1;
             step_count += steps.len();
             body.push_str("\n    <tb id=\"");
-            push_int(&mut body, first_id[ti] + u);
+            push_int(body, first_id[ti] + u);
             body.push_str("\" send=\"");
-            push_int(&mut body, p.send);
+            push_int(body, p.send);
             body.push_str("\" recv=\"");
-            push_int(&mut body, p.recv);
+            push_int(body, p.recv);
             body.push_str("\" chan=\"");
-            push_int(&mut body, chan);
+            push_int(body, chan);
             body.push_str("\">");
             for (s, st) in steps.iter().enumerate() {
                 let depid = if st.depid >= 0 { first_id[st.depid as usize] + u } else { -1 };
                 body.push_str("\n      <step s=\"");
-                push_int(&mut body, s as i64);
+                push_int(body, s as i64);
                 body.push_str("\" type=\"");
                 body.push_str(st.kind);
                 body.push_str("\" srcbuf=\"");
                 body.push(buf(st.src.0));
                 body.push_str("\" srcoff=\"");
-                push_int(&mut body, inst(st.src.1, i_n, u));
+                push_int(body, inst(st.src.1, i_n, u));
                 body.push_str("\" dstbuf=\"");
                 body.push(buf(st.dst.0));
                 body.push_str("\" dstoff=\"");
-                push_int(&mut body, inst(st.dst.1, i_n, u));
+                push_int(body, inst(st.dst.1, i_n, u));
                 body.push_str("\" cnt=\"");
-                push_int(&mut body, st.cnt);
+                push_int(body, st.cnt);
                 body.push_str("\" depid=\"");
-                push_int(&mut body, depid);
+                push_int(body, depid);
                 body.push_str("\" deps=\"");
-                push_int(&mut body, st.deps);
+                push_int(body, st.deps);
                 body.push_str("\" hasdep=\"");
-                push_int(&mut body, i64::from(st.hasdep));
+                push_int(body, i64::from(st.hasdep));
                 body.push_str("\"/>");
             }
             body.push_str("\n    </tb>");
@@ -768,46 +790,144 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize) -> Result<(String,
         return Err(LowerError::Nodes(g as i64, nodes));
     }
     body.push_str("\n  </gpu>\n");
-    Ok((body, nchannels))
+    Ok(nchannels)
 }
 
-/// The ranks' `<gpu>` elements, the channels they use, and where each ends in them joined.
-type Elements = (Vec<String>, i64, Vec<usize>);
-
-/// Every rank's `<gpu>` element, written side by side (each is independent of the others);
-/// with the channels used and where each element ends in the elements joined. The error is
-/// the first rank's, as a rank-by-rank pass would find it.
-fn emit(inp: &Input, h: &Hazards, plan: &Plan) -> Result<Elements, LowerError> {
-    let ranks: Vec<Result<(String, i64), LowerError>> =
-        (0..inp.n).into_par_iter().map(|g| emit_rank(inp, h, plan, g)).collect();
-    let mut gpus = Vec::with_capacity(inp.n);
-    let mut ends = Vec::with_capacity(inp.n);
-    let mut nchannels = 1;
-    let mut end = 0;
-    for rank in ranks {
-        let (element, chans) = rank?;
-        nchannels = nchannels.max(chans);
-        end += element.len();
-        ends.push(end);
-        gpus.push(element);
-    }
+/// Every rank's `<gpu>` element, written side by side (each is independent of the others),
+/// plain or, where `packing` asks and they are large enough, compressed part by part as they
+/// are written; with the channels used and where each element ends in the elements joined.
+/// The error is the first rank's, as a rank-by-rank pass would find it.
+fn emit(inp: &Input, h: &Hazards, plan: &Plan, packing: Option<&Packing>)
+    -> Result<(Elements, i64, Vec<usize>), LowerError> {
+    let framed = packing.filter(|p| estimated_bytes(inp, plan) >= p.from);
+    let (elements, chans, lens) = match framed {
+        Some(p) => emit_frames(inp, h, plan, p)?,
+        None => {
+            let ranks: Vec<Result<(String, i64), LowerError>> = (0..inp.n)
+                .into_par_iter()
+                .map(|g| {
+                    let mut body = String::new();
+                    emit_rank(inp, h, plan, g, &mut body).map(|c| (body, c))
+                })
+                .collect();
+            let mut gpus = Vec::with_capacity(inp.n);
+            let mut chans = Vec::with_capacity(inp.n);
+            let mut lens = Vec::with_capacity(inp.n);
+            for rank in ranks {
+                let (element, c) = rank?;
+                lens.push(element.len());
+                chans.push(c);
+                gpus.push(element);
+            }
+            (Elements::Plain(gpus), chans, lens)
+        }
+    };
+    let nchannels = chans.into_iter().max().unwrap_or(1).max(1);
     if nchannels > inp.max_channels {
         return Err(LowerError::TooManyChannels(nchannels));
     }
-    Ok((gpus, nchannels, ends))
+    let ends: Vec<usize> = lens.iter().scan(0, |end, &len| { *end += len; Some(*end) }).collect();
+    let total = ends.last().copied().unwrap_or(0);
+    // The estimate chose the form; the count decides it.
+    let elements = match (elements, packing) {
+        (Elements::Frames(frames), Some(p)) if total < p.from => Elements::Plain(
+            frames.par_iter().map(|f| inflated(f)).collect::<Result<Vec<String>, LowerError>>()?,
+        ),
+        (Elements::Plain(gpus), Some(p)) if total >= p.from => {
+            Elements::Frames(pack_parts(&gpus, p.ends, p.level)?)
+        }
+        (elements, _) => elements,
+    };
+    Ok((elements, nchannels, ends))
+}
+
+/// Bytes the elements will take, near enough to choose between plain and framed: a step is
+/// written in 110-125 bytes.
+fn estimated_bytes(inp: &Input, plan: &Plan) -> usize {
+    let steps: i64 = plan
+        .tbs
+        .par_iter()
+        .zip(plan.waits.par_iter())
+        .map(|(plans, waits)| {
+            plans
+                .iter()
+                .zip(waits)
+                .map(|(p, w)| {
+                    p.ops.iter().zip(w).map(|(op, keep)| {
+                        (keep.len() as i64 - 1).max(0) + pieces(op.cnt, inp.max_cnt)
+                    }).sum::<i64>()
+                })
+                .sum::<i64>()
+        })
+        .sum();
+    (steps * inp.instances) as usize * 118
+}
+
+/// Parts of consecutive ranks' elements, each written into one buffer a thread keeps and
+/// compressed from there while it is in cache; per rank, its element's length and channels.
+fn emit_frames(inp: &Input, h: &Hazards, plan: &Plan, p: &Packing)
+    -> Result<(Elements, Vec<i64>, Vec<usize>), LowerError> {
+    let ends = part_ends(p.ends, inp.n)?;
+    let starts: Vec<usize> = std::iter::once(0).chain(ends[..ends.len() - 1].iter().copied()).collect();
+    type Part = Result<(Vec<u8>, Vec<i64>, Vec<usize>), LowerError>;
+    let parts: Vec<Part> = starts
+        .par_iter()
+        .zip(ends.par_iter())
+        .map_init(String::new, |body, (&a, &b)| {
+            body.clear();
+            let mut chans = Vec::with_capacity(b - a);
+            let mut lens = Vec::with_capacity(b - a);
+            for g in a..b {
+                let before = body.len();
+                chans.push(emit_rank(inp, h, plan, g, body)?);
+                lens.push(body.len() - before);
+            }
+            Ok((frame(body.as_bytes(), p.level)?, chans, lens))
+        })
+        .collect();
+    let mut frames = Vec::with_capacity(parts.len());
+    let mut chans = Vec::with_capacity(inp.n);
+    let mut lens = Vec::with_capacity(inp.n);
+    for part in parts {
+        let (f, c, l) = part?;
+        frames.push(f);
+        chans.extend(c);
+        lens.extend(l);
+    }
+    Ok((Elements::Frames(frames), chans, lens))
+}
+
+/// Part ends as given, or one part per rank; they must rise to the number of ranks.
+fn part_ends(ends: &[usize], n: usize) -> Result<Vec<usize>, LowerError> {
+    if ends.is_empty() {
+        return Ok((1..=n).collect());
+    }
+    if ends.windows(2).any(|w| w[0] > w[1]) || ends.last() != Some(&n) {
+        return Err(LowerError::Pack("part ends must rise to the number of ranks".into()));
+    }
+    Ok(ends.to_vec())
+}
+
+fn frame(text: &[u8], level: i32) -> Result<Vec<u8>, LowerError> {
+    let fail = |e: std::io::Error| LowerError::Pack(e.to_string());
+    let mut z = zstd::bulk::Compressor::new(level).map_err(fail)?;
+    z.include_checksum(true).map_err(fail)?;
+    z.compress(text).map_err(fail)
+}
+
+fn inflated(frame: &[u8]) -> Result<String, LowerError> {
+    let fail = |e: std::io::Error| LowerError::Pack(e.to_string());
+    let size = zstd::zstd_safe::get_frame_content_size(frame).ok().flatten().unwrap_or(0) as usize;
+    let text = zstd::bulk::decompress(frame, size).map_err(fail)?;
+    String::from_utf8(text).map_err(|e| LowerError::Pack(e.to_string()))
 }
 
 /// Runs of consecutive elements compressed, one zstd frame (with its checksum) per run,
-/// side by side: run `k` holds the elements of ranks `ends[k - 1]..ends[k]` (from 0); no
-/// `ends`: a run per rank. A frame's text is what the elements joined would hold there, so
+/// side by side: run `k` holds the elements of ranks `ends[k - 1]..ends[k]` (from 0; no
+/// `ends`: a run per rank). A frame's text is what the elements joined would hold there, so
 /// the frames in order inflate to the whole, and any run of them to its ranks' part.
-pub fn pack_parts(gpus: &[String], ends: &[usize], level: i32) -> std::io::Result<Vec<Vec<u8>>> {
-    let per_rank: Vec<usize> = (1..=gpus.len()).collect();
-    let ends = if ends.is_empty() { &per_rank[..] } else { ends };
-    if ends.windows(2).any(|w| w[0] > w[1]) || ends.last() != Some(&gpus.len()) {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput,
-                                       "part ends must rise to the number of ranks"));
-    }
+pub fn pack_parts(gpus: &[String], ends: &[usize], level: i32) -> Result<Vec<Vec<u8>>, LowerError> {
+    let ends = part_ends(ends, gpus.len())?;
     let starts: Vec<usize> = std::iter::once(0).chain(ends[..ends.len() - 1].iter().copied()).collect();
     starts
         .par_iter()
@@ -817,9 +937,7 @@ pub fn pack_parts(gpus: &[String], ends: &[usize], level: i32) -> std::io::Resul
             for element in &gpus[a..b] {
                 text.extend_from_slice(element.as_bytes());
             }
-            let mut z = zstd::bulk::Compressor::new(level)?;
-            z.include_checksum(true)?;
-            z.compress(&text)
+            frame(&text, level)
         })
         .collect()
 }
@@ -846,8 +964,9 @@ fn max_scratch(inp: &Input, h: &Hazards) -> i64 {
     h.scratch.iter().max().copied().unwrap_or(0) * inp.instances
 }
 
-/// Lower one tenant: the `<gpu>` elements (each line ended by a newline) and the plan's facts.
-pub fn lower(inp: &Input) -> Result<Output, LowerError> {
+/// Lower one tenant: the `<gpu>` elements (each line ended by a newline; framed as `packing`
+/// asks) and the plan's facts.
+pub fn lower(inp: &Input, packing: Option<&Packing>) -> Result<Output, LowerError> {
     let h = hazards(inp)?;
     let mut epochs = inp.first_epochs;
     let plan = loop {
@@ -861,9 +980,9 @@ pub fn lower(inp: &Input) -> Result<Output, LowerError> {
         let grown = (epochs as f64 * plan.max_steps as f64 / (0.8 * inp.max_steps as f64)).ceil();
         epochs = (epochs + 1).max(grown as i64);
     };
-    let (gpus, nchannels, gpu_ends) = emit(inp, &h, &plan)?;
+    let (elements, nchannels, gpu_ends) = emit(inp, &h, &plan, packing)?;
     let scratch = max_scratch(inp, &h);
-    Ok(Output { gpus, gpu_ends, epochs, fused: plan.fused, max_steps: plan.max_steps, nchannels, scratch })
+    Ok(Output { elements, gpu_ends, epochs, fused: plan.fused, max_steps: plan.max_steps, nchannels, scratch })
 }
 
 #[cfg(test)]
@@ -873,6 +992,10 @@ mod tests {
     /// Two ranks swap their chunk (an AllGather): send 0 (0 -> 1, chunk 0), send 1 (1 -> 0,
     /// chunk 1), both at once. Atoms: chunk 0 at 0 and 1, chunk 1 at 0 and 1.
     fn swap(atom_in: &[i64]) -> Result<Output, LowerError> {
+        swap_packed(atom_in, None)
+    }
+
+    fn swap_packed(atom_in: &[i64], packing: Option<&Packing>) -> Result<Output, LowerError> {
         let input = Input {
             n: 2,
             src: &[0, 1],
@@ -905,18 +1028,25 @@ mod tests {
             in_units: 1,
             out_units: 2,
         };
-        lower(&input)
+        lower(&input, packing)
+    }
+
+    fn plain(out: Output) -> String {
+        match out.elements {
+            Elements::Plain(gpus) => gpus.concat(),
+            Elements::Frames(_) => panic!("frames where plain text was due"),
+        }
     }
 
     #[test]
     fn each_rank_sends_its_chunk_and_receives_the_other() {
         let out = swap(&[0, ABSENT, ABSENT, 0]).expect("lowers");
-        let text = out.gpus.concat();
+        assert_eq!((out.epochs, out.nchannels), (1, 1));
+        let Elements::Plain(gpus) = &out.elements else { panic!("frames unasked") };
+        let text = gpus.concat();
         let mut joined = vec![0u8; *out.gpu_ends.last().unwrap()];
-        join_into(&out.gpus, &mut joined);
+        join_into(gpus, &mut joined);
         assert_eq!(joined, text.as_bytes());
-        assert_eq!(out.epochs, 1);
-        assert_eq!(out.nchannels, 1);
         assert_eq!(text.matches("<gpu ").count(), 2);
         assert!(text.contains(
             "<step s=\"0\" type=\"s\" srcbuf=\"i\" srcoff=\"0\" dstbuf=\"o\" dstoff=\"0\" cnt=\"1\""
@@ -930,6 +1060,35 @@ mod tests {
     fn a_chunk_sent_before_it_is_held_is_named() {
         assert_eq!(swap(&[ABSENT, ABSENT, ABSENT, 0]).err(), Some(LowerError::NotHeld(0, 0, 0)));
         assert_eq!(swap(&[SPLIT, ABSENT, ABSENT, 0]).err(), Some(LowerError::Split(0, 0)));
+    }
+
+    #[test]
+    fn elements_come_framed_from_the_packings_size_and_plain_below_it() {
+        let text = plain(swap(&[0, ABSENT, ABSENT, 0]).expect("lowers"));
+        let total = text.len();
+        // from 0 and from the exact size: frames whatever the estimate; one byte more: plain
+        for (from, framed) in [(0, true), (total, true), (total + 1, false), (usize::MAX, false)] {
+            for ends in [&[][..], &[2][..], &[1, 2][..]] {
+                let packing = Packing { ends, level: 3, from };
+                let out = swap_packed(&[0, ABSENT, ABSENT, 0], Some(&packing)).expect("lowers");
+                assert_eq!(*out.gpu_ends.last().unwrap(), total);
+                match out.elements {
+                    Elements::Frames(frames) => {
+                        assert!(framed, "framed below {from} bytes");
+                        assert_eq!(frames.len(), if ends.is_empty() { 2 } else { ends.len() });
+                        let inflated: Vec<String> =
+                            frames.iter().map(|f| inflated(f).expect("a zstd frame")).collect();
+                        assert_eq!(inflated.concat(), text);
+                    }
+                    Elements::Plain(gpus) => {
+                        assert!(!framed, "plain from {from} bytes");
+                        assert_eq!(gpus.concat(), text);
+                    }
+                }
+            }
+        }
+        let short = Packing { ends: &[1], level: 3, from: 0 }; // ends short of the ranks
+        assert!(matches!(swap_packed(&[0, ABSENT, ABSENT, 0], Some(&short)), Err(LowerError::Pack(_))));
     }
 
     #[test]

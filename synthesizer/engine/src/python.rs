@@ -167,27 +167,28 @@ fn lower_tenant<'py>(
         instances, max_steps, max_channels, max_tbs, max_nodes, max_dep_targets, fifo_chunks,
         max_cnt, in_units, out_units,
     };
-    let result = py.detach(|| lowering::lower(&input));
+    let packing = lowering::Packing { ends: &pack_ends, level: pack_level, from: pack_from };
+    let packing = (pack_level != 0).then_some(&packing);
+    let result = py.detach(|| lowering::lower(&input, packing));
     let out = PyDict::new(py);
     match result {
         Ok(o) => {
-            // ASCII bytes: a 1,024-GPU tenant's elements are 60 MB, which a str would decode;
-            // each rank's element is copied once, side by side, into the object.
-            let total = o.gpu_ends.last().copied().unwrap_or(0);
-            if pack_level != 0 && total >= pack_from {
-                let gpus = o.gpus;
-                let members = py
-                    .detach(move || lowering::pack_parts(&gpus, &pack_ends, pack_level))
-                    .map_err(|e| PyValueError::new_err(format!("lower_tenant: {e}")))?;
-                let members: Vec<Bound<'py, PyBytes>> =
-                    members.iter().map(|m| PyBytes::new(py, m)).collect();
-                out.set_item("members", members)?;
-            } else {
-                let text = PyBytes::new_with(py, total, |buf| {
-                    lowering::join_into(&o.gpus, buf);
-                    Ok(())
-                })?;
-                out.set_item("text", text)?;
+            match o.elements {
+                lowering::Elements::Frames(frames) => {
+                    let members: Vec<Bound<'py, PyBytes>> =
+                        frames.iter().map(|m| PyBytes::new(py, m)).collect();
+                    out.set_item("members", members)?;
+                }
+                // ASCII bytes: a 1,024-GPU tenant's elements are 60 MB, which a str would
+                // decode; each run is copied once, side by side, into the object.
+                lowering::Elements::Plain(gpus) => {
+                    let total = o.gpu_ends.last().copied().unwrap_or(0);
+                    let text = PyBytes::new_with(py, total, |buf| {
+                        lowering::join_into(&gpus, buf);
+                        Ok(())
+                    })?;
+                    out.set_item("text", text)?;
+                }
             }
             out.set_item("gpu_ends", o.gpu_ends)?;
             out.set_item("epochs", o.epochs)?;
@@ -206,6 +207,7 @@ fn lower_tenant<'py>(
                 LowerError::Nodes(g, k) => ("nodes", vec![g, k as i64]),
                 LowerError::DepTargets(g, k) => ("dep_targets", vec![g, k as i64]),
                 LowerError::TooManyChannels(c) => ("too_many_channels", vec![c]),
+                LowerError::Pack(why) => return Err(PyValueError::new_err(format!("lower_tenant: {why}"))),
             };
             out.set_item("error", kind)?;
             out.set_item("at", at)?;
