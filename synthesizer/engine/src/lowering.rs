@@ -873,7 +873,8 @@ fn emit_frames(inp: &Input, h: &Hazards, plan: &Plan, p: &Packing)
     let parts: Vec<Part> = starts
         .par_iter()
         .zip(ends.par_iter())
-        .map_init(String::new, |body, (&a, &b)| {
+        .map_init(|| (String::new(), compressor(p.level)), |(body, z), (&a, &b)| {
+            let z = z.as_mut().map_err(|e| LowerError::Pack(e.to_string()))?;
             body.clear();
             let mut chans = Vec::with_capacity(b - a);
             let mut lens = Vec::with_capacity(b - a);
@@ -882,7 +883,8 @@ fn emit_frames(inp: &Input, h: &Hazards, plan: &Plan, p: &Packing)
                 chans.push(emit_rank(inp, h, plan, g, body)?);
                 lens.push(body.len() - before);
             }
-            Ok((frame(body.as_bytes(), p.level)?, chans, lens))
+            let frame = z.compress(body.as_bytes()).map_err(|e| LowerError::Pack(e.to_string()))?;
+            Ok((frame, chans, lens))
         })
         .collect();
     let mut frames = Vec::with_capacity(parts.len());
@@ -908,11 +910,15 @@ fn part_ends(ends: &[usize], n: usize) -> Result<Vec<usize>, LowerError> {
     Ok(ends.to_vec())
 }
 
+/// A zstd compressor writing frames with their checksums; one serves a thread's parts.
+fn compressor(level: i32) -> std::io::Result<zstd::bulk::Compressor<'static>> {
+    let mut z = zstd::bulk::Compressor::new(level)?;
+    z.include_checksum(true)?;
+    Ok(z)
+}
+
 fn frame(text: &[u8], level: i32) -> Result<Vec<u8>, LowerError> {
-    let fail = |e: std::io::Error| LowerError::Pack(e.to_string());
-    let mut z = zstd::bulk::Compressor::new(level).map_err(fail)?;
-    z.include_checksum(true).map_err(fail)?;
-    z.compress(text).map_err(fail)
+    compressor(level).and_then(|mut z| z.compress(text)).map_err(|e| LowerError::Pack(e.to_string()))
 }
 
 fn inflated(frame: &[u8]) -> Result<String, LowerError> {
