@@ -312,6 +312,8 @@ struct Plan {
     waits: Vec<Vec<Waits>>, // per rank, per threadblock
     fused: usize,
     max_steps: i64,
+    /// steps of every threadblock of every rank, one instance's
+    steps: i64,
 }
 
 /// (channel, 'S'end or 'R'eceive, peer) -> a rank's threadblock for that connection.
@@ -452,8 +454,8 @@ fn assemble(inp: &Input, h: &Hazards, epochs: i64) -> Plan {
             }
         }
     }
-    let (waits, max_steps) = dependencies(inp, h, &tbs, &where_);
-    Plan { tbs, waits, fused, max_steps }
+    let (waits, max_steps, steps) = dependencies(inp, h, &tbs, &where_);
+    Plan { tbs, waits, fused, max_steps, steps }
 }
 
 /// Merge a receive with the next step of its threadblock when that sends the value, unless
@@ -561,19 +563,20 @@ fn fused_op(h: &Hazards, a: &Op, r_ev: usize, s_ev: usize, t: usize) -> Op {
     Op { kind, src, dst: a.dst, events: (r_ev, s_ev), cnt: a.cnt }
 }
 
-/// Each op's waits reduced to one per other threadblock, minus those already implied; and the
-/// longest threadblock in steps (each extra dependency costs a `nop`).
+/// Each op's waits reduced to one per other threadblock, minus those already implied; the
+/// longest threadblock in steps (each extra dependency costs a `nop`) and all their steps.
 fn dependencies(
     inp: &Input,
     h: &Hazards,
     tbs: &[Vec<TbPlan>],
     where_: &[(usize, usize)],
-) -> (Vec<Vec<Waits>>, i64) {
+) -> (Vec<Vec<Waits>>, i64, i64) {
     // Each rank on its own (a wait names a threadblock of the same rank).
-    let per_rank: Vec<(Vec<Waits>, i64)> = tbs
+    let per_rank: Vec<(Vec<Waits>, i64, i64)> = tbs
         .par_iter()
         .map(|plans| {
             let mut longest = 0;
+            let mut total = 0;
             let mut per_tb = Vec::with_capacity(plans.len());
             let mut need: Vec<(usize, usize)> = Vec::new();
             // per threadblock of the rank: the latest step of it already waited for
@@ -604,17 +607,24 @@ fn dependencies(
                     for &(tt, kk) in &keep {
                         seen[tt] = kk;
                     }
-                    steps += (keep.len() as i64 - 1).max(0) + pieces(op.cnt, inp.max_cnt);
+                    steps += op_steps(keep.len(), op.cnt, inp.max_cnt);
                     per_op.push(keep);
                 }
                 longest = longest.max(steps);
+                total += steps;
                 per_tb.push(per_op);
             }
-            (per_tb, longest)
+            (per_tb, longest, total)
         })
         .collect();
-    let longest = per_rank.iter().map(|(_, l)| *l).max().unwrap_or(0);
-    (per_rank.into_iter().map(|(w, _)| w).collect(), longest)
+    let longest = per_rank.iter().map(|(_, l, _)| *l).max().unwrap_or(0);
+    let total = per_rank.iter().map(|(_, _, t)| *t).sum();
+    (per_rank.into_iter().map(|(w, _, _)| w).collect(), longest, total)
+}
+
+/// The MSCCL steps an op becomes: a `nop` per wait beyond its first, and its pieces.
+fn op_steps(waits: usize, cnt: i64, max_cnt: i64) -> i64 {
+    (waits as i64 - 1).max(0) + pieces(cnt, max_cnt)
 }
 
 fn moved(off: i64, by: i64) -> i64 {
@@ -662,7 +672,7 @@ fn emit_rank(inp: &Input, h: &Hazards, plan: &Plan, g: usize, body: &mut String)
         let mut cur = 0;
         let mut idx = Vec::with_capacity(p.ops.len());
         for (keep, op) in waits[ti].iter().zip(&p.ops) {
-            cur += (keep.len() as i64 - 1).max(0) + pieces(op.cnt, inp.max_cnt);
+            cur += op_steps(keep.len(), op.cnt, inp.max_cnt);
             idx.push(cur - 1);
             hasdep.extend(keep.iter().copied());
         }
@@ -844,23 +854,7 @@ fn emit(inp: &Input, h: &Hazards, plan: &Plan, packing: Option<&Packing>)
 /// Bytes the elements will take, near enough to choose between plain and framed: a step is
 /// written in 110-125 bytes.
 fn estimated_bytes(inp: &Input, plan: &Plan) -> usize {
-    let steps: i64 = plan
-        .tbs
-        .par_iter()
-        .zip(plan.waits.par_iter())
-        .map(|(plans, waits)| {
-            plans
-                .iter()
-                .zip(waits)
-                .map(|(p, w)| {
-                    p.ops.iter().zip(w).map(|(op, keep)| {
-                        (keep.len() as i64 - 1).max(0) + pieces(op.cnt, inp.max_cnt)
-                    }).sum::<i64>()
-                })
-                .sum::<i64>()
-        })
-        .sum();
-    (steps * inp.instances) as usize * 118
+    (plan.steps * inp.instances) as usize * 118
 }
 
 /// Parts of consecutive ranks' elements, each written into one buffer a thread keeps and
