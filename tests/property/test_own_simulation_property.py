@@ -24,8 +24,9 @@ from choreo.synth import SynthOptions, auto_chunks, synthesize
 from choreo.topology import NodeKind, Topology
 from choreo.transforms import fail_links, fail_npus
 
+# fabrics where the rail and plane plans win some gathers (elsewhere greedy, untimed, wins)
 FABRICS = ("dgx-h100-2", "dgx-h100-4", "dgx-h100-5", "dgx-h100-16", "dgx-a100-4",
-           "switch2d-4x4", "torus-4x4", "mi250")
+           "switch2d-4x4", "mi250")
 TIMED = {"rail-hierarchical", "rail-gather", "block-gather"}  # engines whose plans are retimed
 RING_RANKS = 32  # the NCCL ring's own cross-check simulates every chunk up to this many
 COLLECTIVES = (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCESCATTER)
@@ -43,6 +44,18 @@ def _same_as_fresh(s: Schedule) -> None:
     assert np.allclose(carried.fabric_utilization, fresh.fabric_utilization, rtol=1e-12, atol=0)
 
 
+def _planned(fabric: Topology, coll: Collective, size: int, seed: int) -> tuple[Schedule, Demand]:
+    """What the synthesizer ships for ``coll`` over every live GPU (the case rejected where
+    the failures cut a GPU off)."""
+    alive = tuple(v for v in fabric.npus if v not in fabric.failed)
+    demand = Demand(coll, alive, size, auto_chunks(fabric, coll, size, len(alive)))
+    try:
+        return synthesize(fabric, [demand], SynthOptions(relay=False, seed=seed)), demand
+    except InfeasibleError:
+        reject()
+        raise  # not reached: reject() raises
+
+
 def _damaged(name: str, rnd: random.Random, gpus: int, nics: int) -> Topology:
     fabric = build(name)
     dead = rnd.sample(list(fabric.npus), min(gpus, len(fabric.npus) - 2))
@@ -53,20 +66,14 @@ def _damaged(name: str, rnd: random.Random, gpus: int, nics: int) -> Topology:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(FABRICS), coll=st.sampled_from(COLLECTIVES),
-       size_mib=st.sampled_from([1, 64, 1024]), gpus=st.integers(0, 2), nics=st.integers(0, 2),
+       size_mib=st.sampled_from([64, 256, 1024]), gpus=st.integers(0, 2), nics=st.integers(0, 2),
        seed=st.integers(0, 2**16))
 def test_a_retimed_plan_simulates_to_its_own_times(name: str, coll: Collective, size_mib: int,
                                                     gpus: int, nics: int, seed: int) -> None:
     fabric = _damaged(name, random.Random(seed), gpus, nics)
-    alive = tuple(v for v in fabric.npus if v not in fabric.failed)
-    size = size_mib << 20
-    demand = Demand(coll, alive, size, auto_chunks(fabric, coll, size, len(alive)))
-    try:
-        s = synthesize(fabric, [demand], SynthOptions(relay=False, seed=seed))
-    except InfeasibleError:
-        reject()  # the failures cut a GPU off
+    s, demand = _planned(fabric, coll, size_mib << 20, seed)
     _same_as_fresh(s)
-    if coll is Collective.ALLREDUCE and len(alive) <= RING_RANKS:
+    if coll is Collective.ALLREDUCE and demand.n <= RING_RANKS:
         _same_as_fresh(ring_schedule(fabric, demand))
 
 
@@ -76,15 +83,7 @@ def test_a_retimed_plan_simulates_to_its_own_times(name: str, coll: Collective, 
 def test_a_rail_hierarchical_plan_simulates_to_its_own_times(hosts: int, gpus: int, nics: int,
                                                              size_mib: int, seed: int) -> None:
     fabric = _damaged(f"dgx-h100-{hosts}", random.Random(seed), gpus, nics)
-    alive = tuple(v for v in fabric.npus if v not in fabric.failed)
-    size = size_mib << 20
-    demand = Demand(Collective.ALLREDUCE, alive, size,
-                    auto_chunks(fabric, Collective.ALLREDUCE, size, len(alive)))
-    try:
-        s = synthesize(fabric, [demand], SynthOptions(relay=False))
-    except InfeasibleError:
-        reject()
-    _same_as_fresh(s)
+    _same_as_fresh(_planned(fabric, Collective.ALLREDUCE, size_mib << 20, seed)[0])
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
