@@ -49,10 +49,21 @@ fn link_costs(g: &Graph, n: usize) -> HashMap<(usize, usize), f64> {
     cost
 }
 
+/// Each node's cheapest out-link (infinite where it has none): a path on from a node reached
+/// at `d` costs at least `d + min_out`.
+fn min_out(g: &Graph, n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|v| g.adj_cost[g.adj_ptr[v] as usize..g.adj_ptr[v + 1] as usize]
+            .iter().copied().fold(f64::INFINITY, f64::min))
+        .collect()
+}
+
 /// An upper bound on every target's distance from `s`: the dearest of their cheapest paths of
-/// one or two hops (infinite when some target has none). A node reached at this cost or more
-/// cannot lie on a cheapest path to any target (costs are positive), so it need not be
-/// queued: behind a rail switch that skips the thousands of NPUs that are not targets.
+/// one or two hops (infinite when some target has none). A node other than a target whose
+/// every way on costs more than this (its cost plus its cheapest out-link, as rounded) cannot
+/// lie on a cheapest path to any target (costs are positive), so it need not be queued:
+/// behind a rail switch that skips the thousands of NPUs that are not targets, though they
+/// cost the bound itself.
 fn two_hop_bound(g: &Graph, cost: &HashMap<(usize, usize), f64>, s: usize, targets: &[i64]) -> f64 {
     let mut worst: f64 = 0.0;
     for &t in targets {
@@ -101,6 +112,7 @@ pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
     // The two-hop bound needs positive costs (a free link could extend a path at no cost).
     let positive = g.adj_cost.iter().all(|&c| c > 0.0);
     let cost = if positive { Some(link_costs(g, n)) } else { None };
+    let onward = min_out(g, n);
     let starts: Vec<usize> = (0..sources.len()).step_by(BLOCK).collect();
     let blocks: Vec<Result<Paths, String>> = starts
         .par_iter()
@@ -111,8 +123,8 @@ pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
                 let mut links = Vec::new();
                 for i in first..(first + BLOCK).min(sources.len()) {
                     let (lo, hi) = (ptr[i] as usize, ptr[i + 1] as usize);
-                    search.run(g, cost.as_ref(), sources[i], &targets[lo..hi], &mut lengths,
-                               &mut links)?;
+                    search.run(g, cost.as_ref(), &onward, sources[i], &targets[lo..hi],
+                               &mut lengths, &mut links)?;
                 }
                 Ok((lengths, links))
             },
@@ -156,8 +168,10 @@ impl Search {
 
     /// The paths from `s` to each of `targets` in order: each path's length pushed on
     /// `lengths`, its links on `links`.
-    fn run(&mut self, g: &Graph, cost: Option<&HashMap<(usize, usize), f64>>, s: i64,
-           targets: &[i64], lengths: &mut Vec<i64>, links: &mut Vec<i64>) -> Result<(), String> {
+    #[allow(clippy::too_many_arguments)]
+    fn run(&mut self, g: &Graph, cost: Option<&HashMap<(usize, usize), f64>>, onward: &[f64],
+           s: i64, targets: &[i64], lengths: &mut Vec<i64>, links: &mut Vec<i64>)
+           -> Result<(), String> {
         let s = s as usize; // `paths` has checked every index
         let mut left = 0usize;
         for &t in targets {
@@ -168,7 +182,7 @@ impl Search {
             }
         }
         let bound = cost.map_or(f64::INFINITY, |c| two_hop_bound(g, c, s, targets));
-        self.settle(g, s, left, bound);
+        self.settle(g, onward, s, left, bound);
         let out = (|| {
             for &t in targets {
                 let t = t as usize;
@@ -201,7 +215,7 @@ impl Search {
     }
 
     /// Dijkstra from `s` until the `left` wanted nodes are settled.
-    fn settle(&mut self, g: &Graph, s: usize, mut left: usize, bound: f64) {
+    fn settle(&mut self, g: &Graph, onward: &[f64], s: usize, mut left: usize, bound: f64) {
         self.dist[s] = 0.0;
         self.touched.push(s);
         self.heap.push(Entry(0.0, s));
@@ -220,9 +234,9 @@ impl Search {
             for k in g.adj_ptr[v] as usize..g.adj_ptr[v + 1] as usize {
                 let w = g.adj_head[k] as usize;
                 let nd = d + g.adj_cost[k];
-                // At the bound, not below it: in floating point a tiny last hop can add
-                // nothing, so a node on the cheapest path may cost the bound itself.
-                if nd < self.dist[w] && (nd <= bound || self.wanted[w]) {
+                // Its way on rounded, not its own cost: in floating point a tiny last hop
+                // can add nothing, so a node on the cheapest path may cost the bound itself.
+                if nd < self.dist[w] && (self.wanted[w] || nd + onward[w] <= bound) {
                     if self.dist[w].is_infinite() {
                         self.touched.push(w);
                     }
@@ -280,5 +294,34 @@ mod tests {
         };
         let (ptr, links) = paths(&g, &[1], &[0, 1], &[2]).unwrap();
         assert_eq!((ptr, links), (vec![0, 2], vec![0, 1]));
+    }
+
+    /// A source behind a switch with 200 leaves, each at the two-hop bound: only the target
+    /// leaf is queued, and the route is the one the unbounded search finds.
+    #[test]
+    fn leaves_at_the_bound_are_not_queued() {
+        let leaves = 200i64;
+        let n = leaves as usize + 2; // 0: the source, 1: the switch, then the leaves
+        // links in node order: 0 -> 1, 1 -> each leaf, each leaf -> 1; every one costs 1
+        let mut src = vec![0i64];
+        let mut head = vec![1i64];
+        src.extend(std::iter::repeat_n(1, leaves as usize));
+        head.extend(2..2 + leaves);
+        src.extend(2..2 + leaves);
+        head.extend(std::iter::repeat_n(1, leaves as usize));
+        let mut ptr = vec![0i64, 1, 1 + leaves];
+        ptr.extend((1..=leaves).map(|k| 1 + leaves + k));
+        let link: Vec<i64> = (0..src.len() as i64).collect();
+        let cost = vec![1.0; src.len()];
+        let g = Graph { adj_ptr: &ptr, adj_link: &link, adj_head: &head, adj_cost: &cost, link_src: &src };
+        let target = 2 + leaves / 2;
+        let (path_ptr, links) = paths(&g, &[0], &[0, 1], &[target]).unwrap();
+        assert_eq!((path_ptr, links), (vec![0, 2], vec![0, target - 1]));
+        let mut search = Search::new(n);
+        search.wanted[target as usize] = true;
+        let bound = two_hop_bound(&g, &link_costs(&g, n), 0, &[target]);
+        assert_eq!(bound, 2.0);
+        search.settle(&g, &min_out(&g, n), 0, 1, bound);
+        assert_eq!(search.touched.len(), 3, "the source, the switch and the target only");
     }
 }
