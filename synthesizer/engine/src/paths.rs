@@ -58,6 +58,13 @@ fn min_out(g: &Graph, n: usize) -> Vec<f64> {
         .collect()
 }
 
+/// What bounds the searches where every cost is positive: the cheapest link between each
+/// pair of nodes (for `two_hop_bound`) and each node's cheapest way on (`min_out`).
+struct Pruning {
+    cost: HashMap<(usize, usize), f64>,
+    onward: Vec<f64>,
+}
+
 /// An upper bound on every target's distance from `s`: the dearest of their cheapest paths of
 /// one or two hops (infinite when some target has none). A node other than a target whose
 /// every way on costs more than this (its cost plus its cheapest out-link, as rounded) cannot
@@ -111,8 +118,7 @@ pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
     }
     // The two-hop bound needs positive costs (a free link could extend a path at no cost).
     let positive = g.adj_cost.iter().all(|&c| c > 0.0);
-    let cost = if positive { Some(link_costs(g, n)) } else { None };
-    let onward = min_out(g, n);
+    let pruning = positive.then(|| Pruning { cost: link_costs(g, n), onward: min_out(g, n) });
     let starts: Vec<usize> = (0..sources.len()).step_by(BLOCK).collect();
     let blocks: Vec<Result<Paths, String>> = starts
         .par_iter()
@@ -123,8 +129,8 @@ pub fn paths(g: &Graph, sources: &[i64], ptr: &[i64], targets: &[i64])
                 let mut links = Vec::new();
                 for i in first..(first + BLOCK).min(sources.len()) {
                     let (lo, hi) = (ptr[i] as usize, ptr[i + 1] as usize);
-                    search.run(g, cost.as_ref(), &onward, sources[i], &targets[lo..hi],
-                               &mut lengths, &mut links)?;
+                    search.run(g, pruning.as_ref(), sources[i], &targets[lo..hi], &mut lengths,
+                               &mut links)?;
                 }
                 Ok((lengths, links))
             },
@@ -168,10 +174,8 @@ impl Search {
 
     /// The paths from `s` to each of `targets` in order: each path's length pushed on
     /// `lengths`, its links on `links`.
-    #[allow(clippy::too_many_arguments)]
-    fn run(&mut self, g: &Graph, cost: Option<&HashMap<(usize, usize), f64>>, onward: &[f64],
-           s: i64, targets: &[i64], lengths: &mut Vec<i64>, links: &mut Vec<i64>)
-           -> Result<(), String> {
+    fn run(&mut self, g: &Graph, pruning: Option<&Pruning>, s: i64, targets: &[i64],
+           lengths: &mut Vec<i64>, links: &mut Vec<i64>) -> Result<(), String> {
         let s = s as usize; // `paths` has checked every index
         let mut left = 0usize;
         for &t in targets {
@@ -181,8 +185,10 @@ impl Search {
                 left += 1;
             }
         }
-        let bound = cost.map_or(f64::INFINITY, |c| two_hop_bound(g, c, s, targets));
-        self.settle(g, onward, s, left, bound);
+        match pruning {
+            Some(p) => self.settle(g, s, left, two_hop_bound(g, &p.cost, s, targets), &p.onward),
+            None => self.settle(g, s, left, f64::INFINITY, &[]),
+        }
         let out = (|| {
             for &t in targets {
                 let t = t as usize;
@@ -214,8 +220,10 @@ impl Search {
         out
     }
 
-    /// Dijkstra from `s` until the `left` wanted nodes are settled.
-    fn settle(&mut self, g: &Graph, onward: &[f64], s: usize, mut left: usize, bound: f64) {
+    /// Dijkstra from `s` until the `left` wanted nodes are settled, queuing only targets and
+    /// nodes whose way on (`onward`, per node) may stay within `bound`; an infinite bound
+    /// with no `onward` queues every node reached.
+    fn settle(&mut self, g: &Graph, s: usize, mut left: usize, bound: f64, onward: &[f64]) {
         self.dist[s] = 0.0;
         self.touched.push(s);
         self.heap.push(Entry(0.0, s));
@@ -236,7 +244,8 @@ impl Search {
                 let nd = d + g.adj_cost[k];
                 // Its way on rounded, not its own cost: in floating point a tiny last hop
                 // can add nothing, so a node on the cheapest path may cost the bound itself.
-                if nd < self.dist[w] && (self.wanted[w] || nd + onward[w] <= bound) {
+                if nd < self.dist[w]
+                    && (self.wanted[w] || onward.get(w).is_none_or(|&o| nd + o <= bound)) {
                     if self.dist[w].is_infinite() {
                         self.touched.push(w);
                     }
@@ -321,7 +330,7 @@ mod tests {
         search.wanted[target as usize] = true;
         let bound = two_hop_bound(&g, &link_costs(&g, n), 0, &[target]);
         assert_eq!(bound, 2.0);
-        search.settle(&g, &min_out(&g, n), 0, 1, bound);
+        search.settle(&g, 0, 1, bound, &min_out(&g, n));
         assert_eq!(search.touched.len(), 3, "the source, the switch and the target only");
     }
 }
