@@ -8,6 +8,7 @@
 //! and its end frees them for the next.
 
 use crate::radix;
+use rayon::prelude::*;
 
 /// Read and write rows of the planned schedule (see `choreo.simulate.Atoms`): per read row
 /// the transfer and the atom it reads, per write row the transfer and the atom it writes.
@@ -184,25 +185,40 @@ pub fn ranged_atoms(
         }
     }
     let key = |node: i64, chunk: i64| node.checked_mul(span).and_then(|x| x.checked_add(chunk));
-    let mut keys = Vec::with_capacity(4 * m);
-    for (nodes, ends) in [(src, false), (dst, false), (src, true), (dst, true)] {
-        for t in 0..m {
-            let chunk = if ends { lo[t] + count[t] } else { lo[t] };
-            keys.push(key(nodes[t], chunk).ok_or("atoms: node * span beyond int64")? as u64);
-        }
-    }
+    // four runs of m keys: ranges' first chunks at the source, then at the destination,
+    // then their ends at each, as `node * span + chunk`
+    let keys: Vec<u64> = (0..4 * m)
+        .into_par_iter()
+        .with_min_len(1 << 16)
+        .map(|j| {
+            let (t, run) = (j % m, j / m);
+            let node = if run % 2 == 0 { src[t] } else { dst[t] };
+            let chunk = if run >= 2 { lo[t] + count[t] } else { lo[t] };
+            key(node, chunk).map(|k| k as u64).ok_or("atoms: node * span beyond int64")
+        })
+        .collect::<Result<_, _>>()?;
     let (cuts, at) = radix::distinct_inverse(&keys);
     drop(keys);
-    let cuts = cuts.into_iter().map(|k| k as i64).collect();
+    let cuts = cuts.into_par_iter().map(|k| k as i64).collect();
+    // per transfer, its atoms first[t]..end[t], one (transfer, atom) row each
     let rows = |first: &[i64], end: &[i64]| {
-        let total: i64 = first.iter().zip(end).map(|(a, b)| b - a).sum();
-        let (mut ts, mut ks) = (Vec::with_capacity(total as usize), Vec::with_capacity(total as usize));
+        let mut ptr = Vec::with_capacity(m + 1);
+        ptr.push(0usize);
         for t in 0..m {
-            for k in first[t]..end[t] {
-                ts.push(t as i64);
-                ks.push(k);
-            }
+            ptr.push(ptr[t] + (end[t] - first[t]) as usize);
         }
+        let total = ptr[m];
+        let (mut ts, mut ks) = (vec![0i64; total], vec![0i64; total]);
+        let (out_t, out_k) = (radix::SharedSlice::new(&mut ts), radix::SharedSlice::new(&mut ks));
+        (0..m).into_par_iter().with_min_len(1 << 14).for_each(|t| {
+            for (j, k) in (ptr[t]..ptr[t + 1]).zip(first[t]..end[t]) {
+                // SAFETY: transfer t alone writes rows ptr[t]..ptr[t + 1]
+                unsafe {
+                    out_t.write(j, t as i64);
+                    out_k.write(j, k);
+                }
+            }
+        });
         (ts, ks)
     };
     let (read_transfer, read_atom) = rows(&at[..m], &at[2 * m..3 * m]);
