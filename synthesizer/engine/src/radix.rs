@@ -63,8 +63,15 @@ fn sorted(keys: &[u64]) -> Sorted {
 }
 
 const BUCKETS: usize = 1 << DIGIT;
-/// Inputs below this many keys are sorted on one core (splitting costs more than it saves).
+/// Inputs below this many keys are handled on one core.
 const PAR_MIN: usize = 1 << 16;
+
+/// The length of the contiguous parts `n` items are cut into, one per core (one part below
+/// `2 * PAR_MIN`, where splitting costs more than it saves).
+fn part_size(n: usize) -> usize {
+    let parts = if n < 2 * PAR_MIN { 1 } else { rayon::current_num_threads().clamp(1, 16) };
+    n.div_ceil(parts).max(1)
+}
 
 /// One stable LSD pass: `from` into `to` by the digit at `shift`; false (and `to` left as
 /// it was) where every key has the same digit. Each of a few contiguous parts counts its
@@ -73,8 +80,7 @@ fn scatter_by_digit(from: &[u64], to: &mut [u64], shift: u32) -> bool {
     let n = from.len();
     let mask = (BUCKETS - 1) as u64;
     let digit = |k: u64| ((k >> shift) & mask) as usize;
-    let parts = if n < 2 * PAR_MIN { 1 } else { rayon::current_num_threads().clamp(1, 16) };
-    let size = n.div_ceil(parts.max(1)).max(1);
+    let size = part_size(n);
     let counts: Vec<Vec<usize>> = from
         .par_chunks(size)
         .map(|part| {
@@ -131,7 +137,7 @@ impl<T> SharedSlice<T> {
     /// # Safety
     /// No other part writes index `i` at the same time.
     pub unsafe fn write(&self, i: usize, value: T) {
-        assert!(i < self.1, "radix sort: index out of range");
+        assert!(i < self.1, "shared slice: index out of range");
         unsafe { *self.0.add(i) = value };
     }
 }
@@ -170,9 +176,7 @@ pub fn distinct_inverse(keys: &[u64]) -> (Vec<u64>, Vec<i64>) {
 /// cache miss each: contiguous parts of the sorted run go on separate cores.
 fn number_runs<T: Sync>(sorted: &[T], item: impl Fn(&T) -> (u64, u32) + Sync,
                         inverse: &mut [i64]) -> Vec<u64> {
-    let n = sorted.len();
-    let parts = if n < 2 * PAR_MIN { 1 } else { rayon::current_num_threads().clamp(1, 16) };
-    let size = n.div_ceil(parts.max(1)).max(1);
+    let size = part_size(sorted.len());
     // each part's distinct keys, a key continuing the previous part's run not counted again
     let firsts: Vec<Vec<u64>> = sorted
         .par_chunks(size)
