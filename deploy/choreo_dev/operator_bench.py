@@ -50,11 +50,12 @@ def _wait(check: Callable[[], Any], timeout: float, what: str, interval: float =
 
 
 class Bench:
-    def __init__(self, lc: Any, ns: str, metrics_port: int) -> None:
+    def __init__(self, lc: Any, ns: str, metrics_port: int, failure_gap: float = 0.0) -> None:
         self.lc = lc
         self.client = lc.client
         self.ns = ns
         self.metrics_port = metrics_port
+        self.failure_gap = failure_gap  # seconds between a restore and the next failure
 
     def status(self, job: str) -> dict[str, Any]:
         return dict(self.client.get(f"{GROUP}/namespaces/{self.ns}/collectivejobs/{job}")
@@ -85,7 +86,8 @@ class Bench:
     def latency_row(self, job: str, nodes: list[str], reps: int, timeout: float,
                     target: float) -> Row:
         """The latency benchmark as a table row; a tenant that is not Ready fails it."""
-        what = f"DeviceFailure -> new ConfigMap, {8 * len(nodes)}-GPU tenant (p50)"
+        apart = f", {self.failure_gap:g} s apart" if self.failure_gap else ""
+        what = f"DeviceFailure -> new ConfigMap, {8 * len(nodes)}-GPU tenant (p50{apart})"
         st = self.status(job)
         if st.get("phase") != "Ready":
             reasons = sorted({c.get("reason", "") for c in st.get("conditions", [])
@@ -151,8 +153,11 @@ class Bench:
         ``lastSynthesis.durationSeconds``) to ``synthesis``. Each repetition fails another
         GPU (the next node's after eight), so none is answered from the synthesizer's cache.
         The job is watched, not polled: the time is the status write's as the API server
-        tells it, and the benchmark adds no load of its own while the operator works."""
+        tells it, and the benchmark adds no load of its own while the operator works. Each
+        failure comes ``failure_gap`` seconds after the last one's restore was published
+        (0: at once, so it meets that restore's bookkeeping)."""
         for r in range(reps):
+            time.sleep(self.failure_gap)
             doc = self.job(job)
             before = (doc.get("status") or {}).get("configMap")
             name = f"bench-{job}-{r}"
@@ -197,7 +202,8 @@ BLOCK_LABEL = "network.topology.nvidia.com/block"
 
 def run(nodes: int, tenants: int, reps: int, keep: Path | None,
         topograph: bool = False, node_lease_seconds: int = NODE_LEASE_SECONDS,
-        large_reps: int | None = None, delivery: str = "packed") -> list[Row]:
+        large_reps: int | None = None, delivery: str = "packed",
+        failure_gap: float = 0.0) -> list[Row]:
     from choreo_dev import build
     from choreo_dev.cluster import Cluster
     from choreo_dev.testing import LocalCluster
@@ -234,7 +240,7 @@ def run(nodes: int, tenants: int, reps: int, keep: Path | None,
                                                ["--unpack-image", "choreo:bench"]
                                                if delivery == "packed" else [])])
         ns = lc.create_namespace("bench")
-        bench = Bench(lc, ns, ports.metrics)
+        bench = Bench(lc, ns, ports.metrics, failure_gap)
         sizes = [8, 128] + [(nodes - 136) // max(tenants - 2, 1)] * (tenants - 2)
         layout: dict[str, list[str]] = {}
         at = 0
@@ -319,6 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5, help="repetitions of the latency runs")
     p.add_argument("--large-reps", type=int, help="repetitions of the 1024-GPU tenant's "
                    "latency run (default: half of --reps); each writes 68 MB of ConfigMaps")
+    p.add_argument("--failure-gap", type=float, default=0.0, metavar="SECONDS",
+                   help="seconds each latency run's failure waits after the last restore "
+                   "(default 0: back to back, each meeting the last one's bookkeeping)")
     p.add_argument("--keep", type=Path, help="work directory to keep (logs, state)")
     p.add_argument("--topograph", action="store_true",
                    help="label the nodes as Topograph does (one leaf per rail) and take the "
@@ -330,6 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="schedules gzipped in ConfigMaps, as the chart installs the operator "
                    "(packed), or plain XML")
     args = p.parse_args(argv)
+    if not 0 <= args.failure_gap <= 600:
+        print("error: --failure-gap must be between 0 and 600 seconds", file=sys.stderr)
+        return 2
     if args.node_lease_seconds < 10:
         print("error: --node-lease-seconds must be at least 10", file=sys.stderr)
         return 2
@@ -338,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: --nodes must leave at least one node per small tenant", file=sys.stderr)
         return 2
     rows = run(args.nodes, args.tenants, args.reps, args.keep, args.topograph,
-               args.node_lease_seconds, args.large_reps, args.delivery)
+               args.node_lease_seconds, args.large_reps, args.delivery, args.failure_gap)
     print_rows(rows, "choreo operator on the local control plane", console)
     return exit_code(rows)
 
