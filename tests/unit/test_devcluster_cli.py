@@ -54,3 +54,13 @@ def test_parser_knows_every_command() -> None:
         assert callable(parser.parse_args(argv).func)
     with pytest.raises(SystemExit):
         parser.parse_args(["nodes", "add", "--count", "2", "--dims", "2x1"])
+
+
+@pytest.mark.parametrize("gap", ["-1", "601", "nan"])
+def test_operator_bench_refuses_a_failure_gap_out_of_range(
+        gap: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before any cluster starts, naming the option."""
+    from choreo_dev import operator_bench
+
+    assert operator_bench.main(["--failure-gap", gap]) == 2
+    assert "--failure-gap must be between 0 and 600 seconds" in capsys.readouterr().err
