@@ -251,10 +251,13 @@ class Flights:
             latency = max(0.0, time.time() - since)
             metrics.RESYNTHESES.labels(reason=reason, result="ok").inc()
             metrics.LATENCY.observe(latency)
+            # A cached answer's synthesis_seconds are those of the solve that first made it.
+            work = ("a cached result" if response.cache_hit
+                    else f"of which its own work {response.synthesis_seconds:.2f} s")
             log.info("%s: published %.2f s after the %s event (the round %.2f s; synthesizer "
-                     "%.2f s, of which its own work %.2f s; publishing %.2f s)",
+                     "%.2f s, %s; publishing %.2f s)",
                      ", ".join(plan.group.members), latency, reason, waited,
-                     answered - started, response.synthesis_seconds, time.monotonic() - answered)
+                     answered - started, work, time.monotonic() - answered)
         for job in published:
             await self.publisher.gc(job)
         release_memory()
